@@ -1,0 +1,1 @@
+"""servingplan: size an LLM chat service from measurements and simulation."""

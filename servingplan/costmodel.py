@@ -1,0 +1,127 @@
+"""Step-time cost model: how long one engine step takes for a given batch.
+
+A step runs one batched decode call for the sequences that are decoding, plus one prefill call
+per sequence that is processing prompt tokens (a whole prompt or one chunk of it):
+
+    t_step = [B > 0] * (a + b*B + c*ctx_read)
+             + sum_i (p0 + p1*L_i + p2*L_i**2 + p3*L_i*P_i)
+
+B is the number of decoding sequences, ctx_read the KV tokens the decode call reads (the sum of
+their context lengths, or B times the longest when the engine pads, `ctx_mode`), L_i the prompt
+tokens of prefill call i and P_i the tokens of that prompt already in the cache (earlier chunks).
+
+The JSON contract (written by the fit stage, read by the simulator):
+
+    {"schema_version": 1, "name": str, "source": str,
+     "decode":  {"fixed_s": a, "per_seq_s": b, "per_ctx_token_s": c, "ctx_mode": "sum"|"padded_max"},
+     "prefill": {"fixed_s": p0, "per_token_s": p1, "per_token_sq_s": p2, "per_token_ctx_s": p3},
+     "meta": {...}}
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+CTX_MODES = ("sum", "padded_max")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    decode_fixed_s: float
+    decode_per_seq_s: float
+    decode_per_ctx_token_s: float
+    prefill_fixed_s: float
+    prefill_per_token_s: float
+    prefill_per_token_sq_s: float = 0.0
+    prefill_per_token_ctx_s: float = 0.0
+    ctx_mode: str = "sum"
+    name: str = "custom"
+    source: str = ""
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        if self.ctx_mode not in CTX_MODES:
+            raise ValueError(f"cost model ctx_mode={self.ctx_mode!r}: allowed {CTX_MODES}")
+
+    def decode_time(self, batch: int, ctx_sum: float, ctx_max: float = 0.0) -> float:
+        if batch <= 0:
+            return 0.0
+        ctx = batch * ctx_max if self.ctx_mode == "padded_max" else ctx_sum
+        return self.decode_fixed_s + self.decode_per_seq_s * batch + self.decode_per_ctx_token_s * ctx
+
+    def prefill_time(self, tokens: int, cached: int = 0) -> float:
+        if tokens <= 0:
+            return 0.0
+        return (self.prefill_fixed_s + self.prefill_per_token_s * tokens
+                + self.prefill_per_token_sq_s * tokens * tokens
+                + self.prefill_per_token_ctx_s * tokens * cached)
+
+    def step_time(self, batch: int, ctx_sum: float, prefills=(), ctx_max: float = 0.0) -> float:
+        """`prefills` is an iterable of (tokens, cached) pairs, one per prefill call."""
+        return self.decode_time(batch, ctx_sum, ctx_max) + sum(self.prefill_time(l, p) for l, p in prefills)
+
+    def scaled(self, speedup: float) -> "CostModel":
+        """The same machine made `speedup` times faster on every term."""
+        k = 1.0 / speedup
+        return CostModel(self.decode_fixed_s * k, self.decode_per_seq_s * k, self.decode_per_ctx_token_s * k,
+                         self.prefill_fixed_s * k, self.prefill_per_token_s * k,
+                         self.prefill_per_token_sq_s * k, self.prefill_per_token_ctx_s * k,
+                         self.ctx_mode, f"{self.name} x{speedup:g}", self.source, dict(self.meta))
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION, "name": self.name, "source": self.source,
+            "decode": {"fixed_s": self.decode_fixed_s, "per_seq_s": self.decode_per_seq_s,
+                       "per_ctx_token_s": self.decode_per_ctx_token_s, "ctx_mode": self.ctx_mode},
+            "prefill": {"fixed_s": self.prefill_fixed_s, "per_token_s": self.prefill_per_token_s,
+                        "per_token_sq_s": self.prefill_per_token_sq_s,
+                        "per_token_ctx_s": self.prefill_per_token_ctx_s},
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"cost model schema_version={d.get('schema_version')!r}: expected {SCHEMA_VERSION}")
+        dec, pre = d["decode"], d["prefill"]
+        return cls(float(dec["fixed_s"]), float(dec["per_seq_s"]), float(dec["per_ctx_token_s"]),
+                   float(pre["fixed_s"]), float(pre["per_token_s"]), float(pre.get("per_token_sq_s", 0.0)),
+                   float(pre.get("per_token_ctx_s", 0.0)), dec.get("ctx_mode", "sum"),
+                   d.get("name", "custom"), d.get("source", ""), d.get("meta", {}))
+
+    def save(self, path) -> None:
+        from servingplan.io import write_json
+        write_json(path, self.to_dict())
+
+
+# The analytic curve of Exercise 2: a 5 ms weight-streaming floor per step, 43 ns per KV token read
+# (0.086 ms per sequence at a 2,000-token context), and 47 us of compute per prefill token. Prefill
+# chunks ride along with the decode step, so a prefill call adds no fixed cost of its own.
+EXERCISE2 = CostModel(
+    decode_fixed_s=5.0e-3, decode_per_seq_s=0.0, decode_per_ctx_token_s=0.086e-3 / 2000,
+    prefill_fixed_s=0.0, prefill_per_token_s=47e-6, name="exercise2",
+    source="analytic curve of Exercise 2 (not a measurement)",
+)
+
+PRESETS = {"exercise2": EXERCISE2}
+
+
+def load(spec: str | Path) -> CostModel:
+    """A preset name or the path of a cost-model JSON file."""
+    if str(spec) in PRESETS:
+        return PRESETS[str(spec)]
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"cost model {str(spec)!r}: not a preset ({', '.join(PRESETS)}) nor a JSON file")
+    return CostModel.from_dict(json.loads(path.read_text()))
+
+
+def decode_curve(model: CostModel, batches, context: int) -> list[dict]:
+    """Decode step latency and throughput per batch size at a fixed per-sequence context."""
+    rows = []
+    for b in batches:
+        t = model.decode_time(b, b * context, context)
+        rows.append({"batch": b, "step_ms": t * 1e3, "tokens_per_s": b / t})
+    return rows
