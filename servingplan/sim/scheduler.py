@@ -1,0 +1,274 @@
+"""Pure scheduling: which sequences run in the next engine step and how many prompt tokens each gets.
+
+Nothing here reads a clock. The simulator drives a Scheduler with cost-model time; the real engine
+(servingplan.serving) drives the very same Scheduler with the wall clock, so a gap between the two
+is the cost model's error alone.
+
+Token accounting follows vLLM. A sequence first prefills its prompt (`prefill_target` tokens); the
+step that completes the prefill emits the first output token. Each decode step then emits one token
+and adds one KV entry. A preempted sequence loses its KV cache and, when readmitted, recomputes
+prompt + generated tokens in a new prefill, whose completion emits its next token.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+POLICIES = ("static", "continuous", "continuous_chunked")
+
+
+@dataclass(eq=False)
+class Seq:
+    id: int
+    prompt_len: int
+    output_len: int
+    prefill_target: int = 0
+    prefilled: int = 0
+    generated: int = 0
+    blocks: int = 0
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    admitted_once: bool = False
+
+    def __post_init__(self):
+        self.prefill_target = self.prompt_len
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < self.prefill_target
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV entries in the cache now (the newest token's entry is written by its next decode)."""
+        return self.prefilled if self.prefilling else self.prompt_len + self.generated - 1
+
+    @property
+    def decode_context(self) -> int:
+        """KV entries a decode step of this sequence reads: prompt and every generated token, the
+        newest included (its entry is written by this very step)."""
+        return self.prompt_len + self.generated
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.output_len
+
+
+@dataclass
+class Step:
+    prefills: list = field(default_factory=list)   # (Seq, prompt tokens this step)
+    decodes: list = field(default_factory=list)    # Seq
+    preempted: list = field(default_factory=list)  # Seq, evicted while planning this step
+    admitted: list = field(default_factory=list)   # Seq, moved from waiting to running this step
+
+    @property
+    def empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    def prefill_calls(self):
+        """(tokens, already cached) per prefill call, the cost model's input."""
+        return [(n, s.prefilled) for s, n in self.prefills]
+
+
+class BlockManager:
+    """Paged KV cache: `total` blocks of `block_size` tokens; None means unlimited."""
+
+    def __init__(self, total: int | None, block_size: int = 16):
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size}: must be >= 1")
+        self.total = total
+        self.block_size = block_size
+        self.used = 0
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    @property
+    def free(self) -> float:
+        return math.inf if self.total is None else self.total - self.used
+
+    def fits(self, tokens: int) -> bool:
+        return self.total is None or self.blocks_for(tokens) <= self.total
+
+    def grow(self, seq: Seq, tokens: int) -> bool:
+        """Make room for `tokens` KV entries of `seq`; False if the cache is full."""
+        need = self.blocks_for(tokens) - seq.blocks
+        if need <= 0:
+            return True
+        if need > self.free:
+            return False
+        seq.blocks += need
+        self.used += need
+        return True
+
+    def release(self, seq: Seq) -> None:
+        self.used -= seq.blocks
+        seq.blocks = 0
+
+
+class Scheduler:
+    """Waiting queue (FCFS), running set and KV cache under one of the POLICIES.
+
+    static:             a batch of up to `max_num_seqs` is formed when the engine is idle; it runs,
+                        prefill then decodes, until its last sequence finishes. No admission meanwhile.
+    continuous:         iteration-level scheduling. Whenever a slot and KV room exist, waiting prompts
+                        are admitted and prefilled whole in a prefill-only step (prefill first);
+                        otherwise all running sequences decode.
+    continuous_chunked: every step decodes all running sequences first; up to `chunk_size` prompt
+                        tokens ride along, split over prefilling sequences in admission order, and new
+                        prompts are admitted while that budget and a slot remain.
+    """
+
+    def __init__(self, policy: str, max_num_seqs: int, chunk_size: int = 512,
+                 kv: BlockManager | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"policy={policy!r}: allowed {', '.join(POLICIES)}")
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs}: must be >= 1")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size={chunk_size}: must be >= 1")
+        self.policy = policy
+        self.max_num_seqs = max_num_seqs
+        self.chunk_size = chunk_size
+        self.kv = kv or BlockManager(None)
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.rejected: list[Seq] = []
+
+    # -- queue -------------------------------------------------------------------------------------
+    def add(self, seq: Seq) -> bool:
+        """Queue a request; refuse (False) one that could never fit in the whole KV cache."""
+        if not self.kv.fits(seq.prompt_len + seq.output_len):
+            self.rejected.append(seq)
+            return False
+        self.waiting.append(seq)
+        return True
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def admits_arrivals(self) -> bool:
+        """Would a request arriving now change the next step? (lets the simulator fast-forward)"""
+        if self.policy == "static":
+            return not self.running
+        return len(self.running) < self.max_num_seqs and not self.waiting
+
+    # -- planning ----------------------------------------------------------------------------------
+    def schedule(self) -> Step:
+        step = Step()
+        if self.policy == "static":
+            self._schedule_static(step)
+        elif self.policy == "continuous":
+            self._schedule_prefill_first(step)
+        else:
+            self._schedule_chunked(step)
+        return step
+
+    def _admit(self, step: Step, budget: float = math.inf) -> None:
+        """Move waiting sequences to running (FCFS) while a slot, KV room and prompt budget remain."""
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            if not self.kv.grow(seq, seq.prefill_target):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            step.admitted.append(seq)
+            n = min(seq.prefill_target - seq.prefilled, budget)
+            step.prefills.append((seq, n))
+            budget -= n
+
+    def _reserve_decodes(self, step: Step, seqs) -> list:
+        """Grow each decoding sequence by one KV entry, preempting the newest running ones if full."""
+        ready = []
+        for seq in [s for s in seqs if not s.prefilling]:
+            if seq not in self.running:
+                continue
+            while not self.kv.grow(seq, seq.decode_context):
+                victim = self.running[-1]
+                self._preempt(victim, step)
+                if victim in ready:
+                    ready.remove(victim)
+                if victim is seq:
+                    break
+            else:
+                ready.append(seq)
+        return ready
+
+    def _preempt(self, seq: Seq, step: Step) -> None:
+        self.running.remove(seq)
+        self.kv.release(seq)
+        seq.preemptions += 1
+        seq.recomputed_tokens += seq.prompt_len + seq.generated
+        seq.prefill_target = seq.prompt_len + seq.generated
+        seq.prefilled = 0
+        self.waiting.appendleft(seq)
+        step.preempted.append(seq)
+        step.prefills = [(s, n) for s, n in step.prefills if s is not seq]
+
+    def _schedule_static(self, step: Step) -> None:
+        if not self.running:
+            self._admit(step)
+        else:
+            step.decodes = self._reserve_decodes(step, list(self.running))
+
+    def _schedule_prefill_first(self, step: Step) -> None:
+        self._admit(step)
+        if not step.prefills:
+            step.decodes = self._reserve_decodes(step, list(self.running))
+
+    def _schedule_chunked(self, step: Step) -> None:
+        step.decodes = self._reserve_decodes(step, list(self.running))
+        budget = self.chunk_size
+        for seq in self.running:
+            if seq.prefilling and budget > 0:
+                n = min(seq.prefill_target - seq.prefilled, budget)
+                step.prefills.append((seq, n))
+                budget -= n
+        self._admit(step, budget)
+
+    # -- applying a finished step ------------------------------------------------------------------
+    def complete(self, step: Step) -> tuple[list, list]:
+        """Apply an executed step. Returns (sequences that emitted a token, sequences that finished)."""
+        emitted = []
+        for seq, n in step.prefills:
+            seq.prefilled += n
+            seq.admitted_once = True
+            if not seq.prefilling:
+                seq.generated += 1
+                emitted.append(seq)
+        for seq in step.decodes:
+            seq.generated += 1
+            emitted.append(seq)
+        finished = [s for s in emitted if s.finished]
+        for seq in finished:
+            self.running.remove(seq)
+            self.kv.release(seq)
+        return emitted, finished
+
+    # -- repeating a decode-only step (the simulator's fast-forward) ---------------------------------
+    def repeatable(self, step: Step, limit: int) -> int:
+        """How many times (<= limit) a decode-only step can run back to back with no new KV blocks
+        beyond those free now; the step itself counts as one."""
+        if self.kv.total is None:
+            return limit
+        free = self.kv.free
+
+        def extra_blocks(k):
+            return sum(self.kv.blocks_for(s.decode_context + k - 1) - s.blocks for s in step.decodes)
+
+        lo, hi = 1, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if extra_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def repeat_decodes(self, step: Step, extra: int) -> None:
+        """Apply `extra` decode steps of `step` before the final one that `complete` applies."""
+        for seq in step.decodes:
+            seq.generated += extra
+            grown = self.kv.grow(seq, seq.decode_context)
+            assert grown, "repeat_decodes past the KV cache; call repeatable() first"

@@ -1,0 +1,176 @@
+"""The event loop: drives a Scheduler with cost-model time.
+
+Between events the batch does not change, so a run of identical decode-only steps is advanced in
+closed form: the step time grows by a constant (one more KV entry per sequence per step), so k
+steps take k*d0 + dd*k*(k-1)/2. Events are arrivals that could be admitted, completions, and KV
+block exhaustion.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from servingplan.costmodel import CostModel
+from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
+from servingplan.workload import Trace
+
+
+@dataclass
+class SimResult:
+    """Per-request timeline (seconds) and run-level facts of one simulation."""
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    scheduled_s: np.ndarray       # first admission; NaN if never admitted
+    first_token_s: np.ndarray     # NaN if no token before the run stopped
+    completion_s: np.ndarray      # NaN if unfinished
+    generated: np.ndarray         # tokens emitted (== output_tokens when finished)
+    preemptions: np.ndarray
+    recomputed_tokens: np.ndarray
+    rejected: np.ndarray          # bool: could never fit in the KV cache
+    token_spans: list | None      # per request: [(start_s, k, first_step_s, step_increment_s), ...]
+    end_s: float
+    truncated: bool               # stopped at the horizon with work left
+    steps: int
+    events: int
+    peak_running: int
+    peak_kv_blocks: int
+    peak_kv_tokens: int
+    queue_growth: float           # fitted growth of the waiting queue over the trace (requests)
+    policy: str
+    max_num_seqs: int
+    chunk_size: int
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def finished(self) -> np.ndarray:
+        return ~np.isnan(self.completion_s)
+
+    @property
+    def stable(self) -> bool:
+        """Kept up: ran to completion, and the waiting queue did not build up over the trace."""
+        n = len(self.arrival_s)
+        return (not self.truncated and not self.rejected.any()
+                and self.queue_growth <= max(10.0, 0.05 * n))
+
+    def token_times(self, i: int) -> np.ndarray:
+        """Emission time of every token of request i (needs record_tokens=True)."""
+        if self.token_spans is None:
+            raise ValueError("simulation ran with record_tokens=False")
+        parts = []
+        for start, k, d0, dd in self.token_spans[i]:
+            j = np.arange(1, k + 1, dtype=float)
+            parts.append(start + j * d0 + dd * j * (j - 1) / 2)
+        return np.concatenate(parts) if parts else np.empty(0)
+
+
+def steps_to_reach(gap: float, d0: float, dd: float) -> int:
+    """Smallest k >= 1 whose k steps (durations d0, d0+dd, ...) last at least `gap`."""
+    if gap <= d0:
+        return 1
+    if dd <= 0:
+        return max(1, math.ceil(gap / d0 - 1e-12))
+    k = max(1, math.ceil((-(d0 - dd / 2) + math.sqrt((d0 - dd / 2) ** 2 + 2 * dd * gap)) / dd - 1e-9))
+    while k > 1 and (k - 1) * d0 + dd * (k - 1) * (k - 2) / 2 >= gap:
+        k -= 1
+    while k * d0 + dd * k * (k - 1) / 2 < gap:
+        k += 1
+    return k
+
+
+def _queue_growth(times: list, waiting: list) -> float:
+    """Least-squares growth of the waiting count across the arrival window."""
+    if len(times) < 3:
+        return 0.0
+    t, w = np.asarray(times), np.asarray(waiting, dtype=float)
+    span = t[-1] - t[0]
+    if span <= 0:
+        return 0.0
+    slope = np.polyfit(t, w, 1)[0]
+    return float(slope * span)
+
+
+def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
+             kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
+             record_tokens: bool = False) -> SimResult:
+    """Serve `trace` on one replica. The run stops at `horizon_factor` trace-durations (at least
+    60 s past the last arrival); work left then marks it truncated, i.e. the queue was unstable."""
+    n = len(trace)
+    sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size))
+    seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
+    arrivals = np.asarray(trace.arrival_s, dtype=float)
+    horizon = max(horizon_factor * trace.duration_s, trace.duration_s + 60.0)
+
+    scheduled = np.full(n, np.nan)
+    first = np.full(n, np.nan)
+    done = np.full(n, np.nan)
+    rejected = np.zeros(n, dtype=bool)
+    spans = [[] for _ in range(n)] if record_tokens else None
+    q_times, q_waiting = [], []
+
+    t, nxt, steps, events = 0.0, 0, 0, 0
+    peak_running = peak_blocks = peak_tokens = 0
+    truncated = False
+    per_ctx = cost.decode_per_ctx_token_s
+    while True:
+        while nxt < n and arrivals[nxt] <= t:
+            if not sched.add(seqs[nxt]):
+                rejected[nxt] = True
+            q_times.append(arrivals[nxt])
+            q_waiting.append(len(sched.waiting))
+            nxt += 1
+        if t > horizon:
+            truncated = not sched.idle or nxt < n
+            break
+        step = sched.schedule()
+        events += 1
+        if step.empty:
+            if nxt >= n:
+                break
+            t = max(t, arrivals[nxt])
+            continue
+        for seq in step.admitted:
+            if math.isnan(scheduled[seq.id]):
+                scheduled[seq.id] = t
+
+        batch = len(step.decodes)
+        ctx = [s.decode_context for s in step.decodes]
+        d0 = cost.step_time(batch, sum(ctx), step.prefill_calls(), max(ctx, default=0))
+        k, dd = 1, 0.0
+        if batch and not step.prefills:
+            dd = per_ctx * batch
+            limit = min(s.output_len - s.generated for s in step.decodes)
+            if nxt < n and sched.admits_arrivals():
+                limit = min(limit, steps_to_reach(arrivals[nxt] - t, d0, dd))
+            k = sched.repeatable(step, limit)
+            if k > 1:
+                sched.repeat_decodes(step, k - 1)
+
+        peak_running = max(peak_running, len(sched.running))
+        peak_blocks = max(peak_blocks, sched.kv.used)
+        peak_tokens = max(peak_tokens, sum(s.kv_tokens for s in sched.running))
+        start = t
+        t += k * d0 + dd * k * (k - 1) / 2
+        steps += k
+        emitted, finished = sched.complete(step)
+        for seq in emitted:
+            if math.isnan(first[seq.id]):
+                first[seq.id] = t
+            if spans is not None:
+                spans[seq.id].append((start, k, d0, dd))
+        for seq in finished:
+            done[seq.id] = t
+
+    return SimResult(
+        arrival_s=arrivals, prompt_tokens=np.asarray(trace.prompt_tokens),
+        output_tokens=np.asarray(trace.output_tokens), scheduled_s=scheduled, first_token_s=first,
+        completion_s=done, generated=np.array([s.generated for s in seqs]),
+        preemptions=np.array([s.preemptions for s in seqs]),
+        recomputed_tokens=np.array([s.recomputed_tokens for s in seqs]), rejected=rejected,
+        token_spans=spans, end_s=t, truncated=truncated, steps=steps, events=events,
+        peak_running=peak_running, peak_kv_blocks=peak_blocks, peak_kv_tokens=peak_tokens,
+        queue_growth=_queue_growth(q_times, q_waiting), policy=policy, max_num_seqs=max_num_seqs,
+        chunk_size=chunk_size,
+    )

@@ -1,0 +1,134 @@
+"""Request traces: Poisson arrivals and prompt/reply length distributions.
+
+A trace is three aligned arrays: arrival time (s), prompt tokens, output tokens. Traces are drawn
+from a seeded numpy Generator, so the same spec and seed give the same trace on any machine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+DISTRIBUTIONS = ("uniform", "loguniform", "lognormal", "constant")
+
+
+@dataclass(frozen=True)
+class Trace:
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __post_init__(self):
+        n = len(self.arrival_s)
+        if len(self.prompt_tokens) != n or len(self.output_tokens) != n:
+            raise ValueError("trace arrays differ in length")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1]) if len(self) else 0.0
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
+                             "output_tokens": self.output_tokens})
+
+    def with_rate(self, rate: float) -> "Trace":
+        """The same requests with arrival gaps rescaled to another mean rate."""
+        current = len(self) / self.duration_s if self.duration_s > 0 else rate
+        return Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
+
+
+def _lognormal_mu(mean: float, sigma: float, lo: int, hi: int) -> float:
+    """The mu whose lognormal, rounded and clipped to [lo, hi], has the given mean (bisection)."""
+    if not lo < mean < hi:
+        raise ValueError(f"lognormal mean {mean} must lie strictly inside [{lo}, {hi}]")
+    grid = np.linspace(-8.0, 8.0, 4001)
+    z = 0.5 * (grid[1:] + grid[:-1])
+    weights = np.diff(0.5 * (1.0 + np.vectorize(math.erf)(grid / math.sqrt(2.0))))
+
+    def clipped_mean(mu):
+        return float(np.sum(weights * np.clip(np.rint(np.exp(mu + sigma * z)), lo, hi)) / weights.sum())
+
+    a, b = math.log(lo) - 3 * sigma, math.log(hi) + 3 * sigma
+    for _ in range(100):
+        mid = 0.5 * (a + b)
+        if clipped_mean(mid) < mean:
+            a = mid
+        else:
+            b = mid
+    return 0.5 * (a + b)
+
+
+def draw_lengths(spec: dict, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Integer token counts from a length spec: {dist, min, max, [mean, sigma | value]}."""
+    dist = spec["dist"]
+    if dist == "constant":
+        return np.full(n, int(spec["value"]), dtype=np.int64)
+    lo, hi = int(spec["min"]), int(spec["max"])
+    if dist == "uniform":
+        return rng.integers(lo, hi + 1, size=n, dtype=np.int64)
+    if dist == "loguniform":
+        return np.clip(np.rint(np.exp(rng.uniform(math.log(lo), math.log(hi + 1), size=n)) - 0.5),
+                       lo, hi).astype(np.int64)
+    if dist == "lognormal":
+        sigma = float(spec["sigma"])
+        mu = _lognormal_mu(float(spec["mean"]), sigma, lo, hi)
+        return np.clip(np.rint(rng.lognormal(mu, sigma, size=n)), lo, hi).astype(np.int64)
+    raise ValueError(f"length dist {dist!r}: allowed {DISTRIBUTIONS}")
+
+
+def expected_length(spec: dict, samples: int = 200_000, seed: int = 12345) -> float:
+    """Monte-Carlo mean of a length spec (used to show calibration against the source totals)."""
+    return float(draw_lengths(spec, samples, np.random.default_rng(seed)).mean())
+
+
+def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    if rate <= 0:
+        raise ValueError(f"arrival rate {rate}: must be > 0")
+    return np.cumsum(rng.exponential(1.0 / rate, size=n))
+
+
+def generate(spec: dict, seed: int) -> Trace:
+    """A trace from a workload spec: {num_requests, rate, prompt: {...}, output: {...}} or {trace_csv}."""
+    if spec.get("trace_csv"):
+        return load_trace_csv(spec["trace_csv"])
+    rng = np.random.default_rng(seed)
+    n = int(spec["num_requests"])
+    arrivals = poisson_arrivals(n, float(spec["rate"]), rng)
+    prompts = draw_lengths(spec["prompt"], n, rng)
+    outputs = draw_lengths(spec["output"], n, rng)
+    return Trace(arrivals, prompts, outputs)
+
+
+def load_trace_csv(path) -> Trace:
+    frame = pd.read_csv(Path(path))
+    missing = {"arrival_s", "prompt_tokens", "output_tokens"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
+    frame = frame.sort_values("arrival_s", kind="stable")
+    return Trace(frame["arrival_s"].to_numpy(float), frame["prompt_tokens"].to_numpy(np.int64),
+                 frame["output_tokens"].to_numpy(np.int64))
+
+
+# The capstone: 600 requests at 6/s. The source gives prompt lengths only as a range, so they are
+# uniform over it; replies are lognormal clipped to 8..256 with the mean the source's total implies
+# (48,136 tokens / 600 = 80.2 per reply; a uniform 8..256 would give ~79,000 tokens).
+CAPSTONE = {
+    "num_requests": 600, "rate": 6.0,
+    "prompt": {"dist": "uniform", "min": 16, "max": 512},
+    "output": {"dist": "lognormal", "mean": 80.2, "sigma": 0.8, "min": 8, "max": 256},
+}
+
+# Exercise 2: 20/s, prompts averaging ~550 tokens, replies lognormal with mean ~165 and a tail past 1,000.
+EXERCISE2 = {
+    "num_requests": 2000, "rate": 20.0,
+    "prompt": {"dist": "lognormal", "mean": 550, "sigma": 0.4, "min": 64, "max": 2048},
+    "output": {"dist": "lognormal", "mean": 165, "sigma": 1.0, "min": 1, "max": 2048},
+}
+
+PRESETS = {"capstone": CAPSTONE, "exercise2": EXERCISE2}
