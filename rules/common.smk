@@ -1,0 +1,28 @@
+import glob
+import hashlib
+import json
+
+from servingplan.config import check_or_exit
+from servingplan.profiling.machine import fingerprint
+
+check_or_exit(config)
+
+MACHINE = fingerprint(config["profile"]["threads"])
+PROFILE_DIR = f"results/profile/{MACHINE}"
+SEEDS = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
+CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
+
+wildcard_constraints:
+    policy="static|continuous|continuous_chunked",
+    cap=r"\d+",
+
+
+def sources(*patterns):
+    """Package sources a rule's results depend on: editing them reruns the rule (Snakemake does not
+    follow imports by itself)."""
+    return sorted(f for p in patterns for f in glob.glob(f"servingplan/{p}"))
+
+
+SIM_SOURCES = sources("sim/*.py", "costmodel.py", "workload.py", "metrics.py", "capacity.py", "io.py",
+                      "pipeline.py")
+CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]

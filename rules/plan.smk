@@ -1,0 +1,94 @@
+# Planning: fleets and speed-ups (price-independent), memory, then cost and the recommendation.
+# The price is a parameter of `cost` alone, so changing it reruns only `cost` and the report.
+
+
+rule fleet_cell:
+    input:
+        costmodel=rules.fit.output.costmodel,
+        machine=rules.profile.output.machine,
+        code=SIM_SOURCES + sources("planner.py"),
+    output:
+        "results/fleet/cells/{policy}_cap{cap}.json",
+    params:
+        **SIM_PARAMS,
+        capacity=config["capacity"],
+        cost=dict((k, v) for k, v in config["cost"].items() if k in ("max_replicas", "routers")),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=30,
+    log:
+        "results/logs/fleet/{policy}_cap{cap}.log",
+    benchmark:
+        "results/benchmarks/fleet/{policy}_cap{cap}.tsv"
+    script:
+        "../scripts/fleet_cell.py"
+
+
+rule memory:
+    input:
+        machine=rules.profile.output.machine,
+        latency=rules.collect.output.latency,
+        code=sources("memory.py"),
+    output:
+        table="results/plan/memory.csv",
+        summary="results/plan/memory.json",
+    params:
+        memory=config["memory"],
+        caps=config["sweep"]["caps"],
+        rate=config["workload"]["rate"],
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    log:
+        "results/logs/memory.log",
+    script:
+        "../scripts/memory.py"
+
+
+rule cost:
+    input:
+        latency=rules.collect.output.latency,
+        capacity=rules.collect.output.capacity,
+        memory=rules.memory.output.table,
+        fleet=expand("results/fleet/cells/{cell}.json", cell=CELLS),
+        code=sources("cost.py", "planner.py"),
+    output:
+        "results/plan/recommendation.json",
+    params:
+        cost=config["cost"],
+        slo=config["slo"],
+        workload=config["workload"],
+        memory=config["memory"],
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    log:
+        "results/logs/cost.log",
+    script:
+        "../scripts/cost.py"
+
+
+rule exercise2:
+    input:
+        code=SIM_SOURCES + sources("exercise2.py"),
+    output:
+        answers="results/exercise2/answers.json",
+        cap_sweep="results/exercise2/cap_sweep.csv",
+        chunk_sweep="results/exercise2/chunk_sweep.csv",
+        curve="results/exercise2/curve.csv",
+    params:
+        exercise2=config["exercise2"],
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=20,
+    log:
+        "results/logs/exercise2.log",
+    benchmark:
+        "results/benchmarks/exercise2.tsv"
+    script:
+        "../scripts/exercise2.py"

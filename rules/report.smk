@@ -1,0 +1,40 @@
+localrules: report
+
+
+rule report:
+    input:
+        machine=rules.profile.output.machine,
+        profile=rules.profile.output.points,
+        fit_report=rules.fit.output.report,
+        predicted=rules.fit.output.predicted,
+        costmodel=rules.fit.output.costmodel,
+        latency=rules.collect.output.latency,
+        capacity=rules.collect.output.capacity,
+        memory=rules.memory.output.table,
+        memory_summary=rules.memory.output.summary,
+        recommendation=rules.cost.output[0],
+        exercise2=rules.exercise2.output.answers,
+        ex2_caps=rules.exercise2.output.cap_sweep,
+        ex2_chunks=rules.exercise2.output.chunk_sweep,
+        ex2_curve=rules.exercise2.output.curve,
+        validation=rules.validate.output.summary,
+        validation_requests=rules.validate.output.requests,
+        validation_meta=rules.validate.output.meta,
+        templates=glob.glob("reports/templates/*.j2"),
+        code=sources("report/*.py"),
+    output:
+        html="results/report/report.html",
+        md="results/report/report.md",
+        provenance="results/report/provenance.json",
+    params:
+        config=config,
+        config_hash=CONFIG_HASH,
+        machine=MACHINE,
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    log:
+        "results/logs/report.log",
+    script:
+        "../scripts/report.py"

@@ -1,0 +1,70 @@
+# One job per (policy, cap) cell, so `--cores N` or a cluster executor runs the cells in parallel.
+
+SIM_PARAMS = dict(
+    workload=config["workload"],
+    slo=config["slo"],
+    sweep=config["sweep"],
+    memory=config["memory"],
+    seeds=SEEDS,
+)
+
+
+rule sweep_cell:
+    input:
+        costmodel=rules.fit.output.costmodel,
+        machine=rules.profile.output.machine,
+        code=SIM_SOURCES,
+    output:
+        "results/sweep/cells/{policy}_cap{cap}.csv",
+    params:
+        **SIM_PARAMS,
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=15,
+    log:
+        "results/logs/sweep/{policy}_cap{cap}.log",
+    benchmark:
+        "results/benchmarks/sweep/{policy}_cap{cap}.tsv"
+    script:
+        "../scripts/sweep_cell.py"
+
+
+rule capacity_cell:
+    input:
+        costmodel=rules.fit.output.costmodel,
+        machine=rules.profile.output.machine,
+        code=SIM_SOURCES,
+    output:
+        "results/capacity/cells/{policy}_cap{cap}.json",
+    params:
+        **SIM_PARAMS,
+        capacity=config["capacity"],
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=30,
+    log:
+        "results/logs/capacity/{policy}_cap{cap}.log",
+    benchmark:
+        "results/benchmarks/capacity/{policy}_cap{cap}.tsv"
+    script:
+        "../scripts/capacity_cell.py"
+
+
+rule collect:
+    input:
+        sweep=expand("results/sweep/cells/{cell}.csv", cell=CELLS),
+        capacity=expand("results/capacity/cells/{cell}.json", cell=CELLS),
+        code=sources("pipeline.py", "io.py"),
+    output:
+        latency="results/sweep/latency.csv",
+        capacity="results/capacity/capacity.csv",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "results/logs/collect.log",
+    script:
+        "../scripts/collect.py"

@@ -1,0 +1,34 @@
+# Replays Poisson traces through the real engine on this machine and compares with the simulator.
+# Like profiling it measures the machine, so it takes every core and stays local.
+localrules: validate
+
+
+rule validate:
+    input:
+        costmodel=rules.fit.output.costmodel,
+        capacity=rules.collect.output.capacity,
+        machine=rules.profile.output.machine,
+        code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py"),
+    output:
+        summary="results/validation/comparison.csv",
+        requests="results/validation/requests.csv",
+        steps="results/validation/steps.csv",
+        meta="results/validation/validation.json",
+    params:
+        validation=config["validation"],
+        workload=config["workload"],
+        model=config["model"],
+        profile=config["profile"],
+        sweep=config["sweep"],
+        memory=config["memory"],
+        seed=config["seed"],
+    threads: workflow.cores
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    log:
+        "results/logs/validate.log",
+    benchmark:
+        "results/benchmarks/validate.tsv"
+    script:
+        "../scripts/validate.py"

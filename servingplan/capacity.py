@@ -1,0 +1,89 @@
+"""Capacity: the highest Poisson arrival rate at which an SLO statistic still holds.
+
+Each seed is one draw of the workload; its arrival gaps are rescaled to every candidate rate (common
+random numbers), so the statistic is compared across rates on the same requests. The rate is found
+by bisection on a log scale; an unstable queue counts as a failure. The result per seed is a
+bracket [lower, upper]: the SLO held at `lower` and failed at `upper`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from servingplan.metrics import SLO, summarize
+from servingplan.sim import simulate
+from servingplan.workload import Trace
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """What must hold at a rate: the SLO's aggregate percentiles, or joint attainment >= a goal."""
+    slo: SLO
+    attainment_goal: float | None = None
+
+    def holds(self, summary: dict) -> bool:
+        if not summary["stable"]:
+            return False
+        if self.attainment_goal is not None:
+            return summary["attainment"] >= self.attainment_goal
+        return bool(summary["slo_holds"])
+
+    @property
+    def label(self) -> str:
+        if self.attainment_goal is not None:
+            return f"attainment>={self.attainment_goal:g}"
+        return "slo_percentiles"
+
+
+def bisect_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: float,
+                tolerance: float) -> dict:
+    """Largest rate in [rate_min, rate_max] where `holds_at` is true, assuming it fails above some rate."""
+    evaluations = 0
+
+    def check(rate):
+        nonlocal evaluations
+        evaluations += 1
+        return holds_at(rate)
+
+    if not check(rate_min):
+        return {"lower": 0.0, "upper": rate_min, "evaluations": evaluations, "censored": "below_min"}
+    if check(rate_max):
+        return {"lower": rate_max, "upper": math.inf, "evaluations": evaluations, "censored": "above_max"}
+    lo, hi = rate_min, rate_max
+    while hi / lo - 1.0 > tolerance:
+        mid = math.sqrt(lo * hi)
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"lower": lo, "upper": hi, "evaluations": evaluations, "censored": ""}
+
+
+def run_at_rate(trace: Trace, rate: float, cost, policy: str, cap: int, chunk_size: int,
+                kv_blocks: int | None, block_size: int, horizon_factor: float, slo: SLO) -> dict:
+    result = simulate(trace.with_rate(rate), cost, policy, cap, chunk_size, kv_blocks, block_size,
+                      horizon_factor)
+    return summarize(result, slo)
+
+
+def capacity(traces: list[Trace], seeds: list[int], cost, policy: str, cap: int, chunk_size: int,
+             criterion: Criterion, rate_min: float, rate_max: float, tolerance: float,
+             kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0) -> dict:
+    """Per-seed brackets and their spread. `capacity` is the median of the per-seed lower bounds."""
+    per_seed = []
+    for seed, trace in zip(seeds, traces):
+        def holds_at(rate, trace=trace):
+            return criterion.holds(run_at_rate(trace, rate, cost, policy, cap, chunk_size, kv_blocks,
+                                               block_size, horizon_factor, criterion.slo))
+        bracket = bisect_rate(holds_at, rate_min, rate_max, tolerance)
+        per_seed.append({"seed": seed, **bracket})
+    lowers = np.array([s["lower"] for s in per_seed])
+    return {
+        "policy": policy, "max_num_seqs": cap, "chunk_size": chunk_size, "criterion": criterion.label,
+        "capacity_rps": float(np.median(lowers)), "capacity_min_rps": float(lowers.min()),
+        "capacity_max_rps": float(lowers.max()),
+        "never_met": bool((lowers == 0).all()), "per_seed": per_seed,
+    }

@@ -1,0 +1,46 @@
+"""What every Snakemake script shares: its log, its timestamps, and failing with one line."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from servingplan.config import ConfigError
+
+
+def run_stage(snakemake, main) -> None:
+    """Call main(snakemake) with stdout/stderr in the rule's log, bracketed by wall-clock stamps that
+    the report adds up into the pipeline's wall time. Outputs are written atomically by the stage, so
+    a failure leaves none behind; it exits 1 with one line naming the rule and the reason."""
+    log_path = Path(snakemake.log[0])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    real_stderr = sys.stderr
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        print(f"started_unix {time.time():.3f}", flush=True)
+        try:
+            main(snakemake)
+        except (ConfigError, ValueError, FileNotFoundError) as exc:
+            traceback.print_exc()
+            print(f"{snakemake.rule}: {exc}", file=real_stderr)
+            raise SystemExit(1)
+        except Exception:
+            traceback.print_exc()
+            print(f"{snakemake.rule}: failed, see {log_path}", file=real_stderr)
+            raise SystemExit(1)
+        print(f"finished_unix {time.time():.3f}", flush=True)
+
+
+def stage_times(log_dir) -> list[tuple[float, float]]:
+    """(started, finished) of every stage log under `log_dir` that ran to completion."""
+    spans = []
+    for path in Path(log_dir).rglob("*.log"):
+        stamps = {}
+        for line in path.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(" ")
+            if key in ("started_unix", "finished_unix"):
+                stamps[key] = float(value)
+        if len(stamps) == 2:
+            spans.append((stamps["started_unix"], stamps["finished_unix"]))
+    return spans
