@@ -60,7 +60,7 @@ rule cost:
         cost=config["cost"],
         slo=config["slo"],
         workload=config["workload"],
-        memory=config["memory"],
+        seeds=SEEDS,
     threads: 1
     resources:
         mem_mb=500,

@@ -92,85 +92,127 @@ def _queue_growth(times: list, waiting: list) -> float:
     return float(slope * span)
 
 
-def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
-             kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
-             record_tokens: bool = False) -> SimResult:
-    """Serve `trace` on one replica. The run stops at `horizon_factor` trace-durations (at least
-    60 s past the last arrival); work left then marks it truncated, i.e. the queue was unstable."""
-    n = len(trace)
-    sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size))
-    seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
-    arrivals = np.asarray(trace.arrival_s, dtype=float)
-    horizon = max(horizon_factor * trace.duration_s, trace.duration_s + 60.0)
+class Timeline:
+    """Per-request timestamps, shared by every replica serving one trace."""
 
-    scheduled = np.full(n, np.nan)
-    first = np.full(n, np.nan)
-    done = np.full(n, np.nan)
-    rejected = np.zeros(n, dtype=bool)
-    spans = [[] for _ in range(n)] if record_tokens else None
-    q_times, q_waiting = [], []
+    def __init__(self, n: int, record_tokens: bool):
+        self.scheduled = np.full(n, np.nan)
+        self.first = np.full(n, np.nan)
+        self.done = np.full(n, np.nan)
+        self.spans = [[] for _ in range(n)] if record_tokens else None
 
-    t, nxt, steps, events = 0.0, 0, 0, 0
-    peak_running = peak_blocks = peak_tokens = 0
-    truncated = False
-    per_ctx = cost.decode_per_ctx_token_s
-    while True:
-        while nxt < n and arrivals[nxt] <= t:
-            if not sched.add(seqs[nxt]):
-                rejected[nxt] = True
-            q_times.append(arrivals[nxt])
-            q_waiting.append(len(sched.waiting))
-            nxt += 1
-        if t > horizon:
-            truncated = not sched.idle or nxt < n
-            break
+
+class Replica:
+    """One engine: a Scheduler advanced with cost-model time."""
+
+    def __init__(self, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
+                 kv_blocks: int | None, block_size: int, timeline: Timeline):
+        self.cost = cost
+        self.sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size))
+        self.timeline = timeline
+        self.t = 0.0
+        self.steps = self.events = 0
+        self.peak_running = self.peak_blocks = self.peak_tokens = 0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.sched.waiting) + len(self.sched.running)
+
+    def add(self, seq: Seq) -> bool:
+        return self.sched.add(seq)
+
+    def advance(self, until: float, horizon: float) -> None:
+        """Run steps while the clock is before `until` (a step that starts before it runs to its
+        end); an idle engine waits until then. Stops early past `horizon`."""
+        while self.t < until and self.t <= horizon:
+            if not self._step(until):
+                self.t = until
+
+    def _step(self, next_arrival: float) -> bool:
+        """Plan and run one step, or a run of identical decode steps up to the next event."""
+        sched, tl = self.sched, self.timeline
         step = sched.schedule()
-        events += 1
+        self.events += 1
         if step.empty:
-            if nxt >= n:
-                break
-            t = max(t, arrivals[nxt])
-            continue
+            return False
         for seq in step.admitted:
-            if math.isnan(scheduled[seq.id]):
-                scheduled[seq.id] = t
+            if math.isnan(tl.scheduled[seq.id]):
+                tl.scheduled[seq.id] = self.t
 
         batch = len(step.decodes)
         ctx = [s.decode_context for s in step.decodes]
-        d0 = cost.step_time(batch, sum(ctx), step.prefill_calls(), max(ctx, default=0))
+        d0 = self.cost.step_time(batch, sum(ctx), step.prefill_calls(), max(ctx, default=0))
         k, dd = 1, 0.0
         if batch and not step.prefills:
-            dd = per_ctx * batch
+            dd = self.cost.decode_per_ctx_token_s * batch
             limit = min(s.output_len - s.generated for s in step.decodes)
-            if nxt < n and sched.admits_arrivals():
-                limit = min(limit, steps_to_reach(arrivals[nxt] - t, d0, dd))
+            if math.isfinite(next_arrival) and sched.admits_arrivals():
+                limit = min(limit, steps_to_reach(next_arrival - self.t, d0, dd))
             k = sched.repeatable(step, limit)
             if k > 1:
                 sched.repeat_decodes(step, k - 1)
 
-        peak_running = max(peak_running, len(sched.running))
-        peak_blocks = max(peak_blocks, sched.kv.used)
-        peak_tokens = max(peak_tokens, sum(s.kv_tokens for s in sched.running))
-        start = t
-        t += k * d0 + dd * k * (k - 1) / 2
-        steps += k
+        self.peak_running = max(self.peak_running, len(sched.running))
+        self.peak_blocks = max(self.peak_blocks, sched.kv.used)
+        self.peak_tokens = max(self.peak_tokens, sum(s.kv_tokens for s in sched.running))
+        start = self.t
+        self.t += k * d0 + dd * k * (k - 1) / 2
+        self.steps += k
         emitted, finished = sched.complete(step)
         for seq in emitted:
-            if math.isnan(first[seq.id]):
-                first[seq.id] = t
-            if spans is not None:
-                spans[seq.id].append((start, k, d0, dd))
+            if math.isnan(tl.first[seq.id]):
+                tl.first[seq.id] = self.t
+            if tl.spans is not None:
+                tl.spans[seq.id].append((start, k, d0, dd))
         for seq in finished:
-            done[seq.id] = t
+            tl.done[seq.id] = self.t
+        return True
+
+
+def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: float, policy: str,
+                 max_num_seqs: int, chunk_size: int) -> SimResult:
+    """Feed the trace's arrivals to the replicas through `route(replicas, seq) -> index`, then drain.
+    The run stops at `horizon_factor` trace-durations (at least 60 s past the last arrival); work
+    left then marks it truncated, i.e. the queue was unstable."""
+    n = len(trace)
+    timeline = replicas[0].timeline
+    seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
+    arrivals = np.asarray(trace.arrival_s, dtype=float)
+    horizon = max(horizon_factor * trace.duration_s, trace.duration_s + 60.0)
+    rejected = np.zeros(n, dtype=bool)
+    q_times, q_waiting = [], []
+    for i in range(n):
+        if arrivals[i] > horizon:
+            break
+        for replica in replicas:
+            replica.advance(arrivals[i], horizon)
+        target = replicas[route(replicas, seqs[i])]
+        rejected[i] = not target.add(seqs[i])
+        q_times.append(arrivals[i])
+        q_waiting.append(sum(len(r.sched.waiting) for r in replicas))
+    for replica in replicas:
+        replica.advance(math.inf, horizon)
+    truncated = any(not r.sched.idle for r in replicas) or len(q_times) < n
 
     return SimResult(
         arrival_s=arrivals, prompt_tokens=np.asarray(trace.prompt_tokens),
-        output_tokens=np.asarray(trace.output_tokens), scheduled_s=scheduled, first_token_s=first,
-        completion_s=done, generated=np.array([s.generated for s in seqs]),
-        preemptions=np.array([s.preemptions for s in seqs]),
+        output_tokens=np.asarray(trace.output_tokens), scheduled_s=timeline.scheduled,
+        first_token_s=timeline.first, completion_s=timeline.done,
+        generated=np.array([s.generated for s in seqs]), preemptions=np.array([s.preemptions for s in seqs]),
         recomputed_tokens=np.array([s.recomputed_tokens for s in seqs]), rejected=rejected,
-        token_spans=spans, end_s=t, truncated=truncated, steps=steps, events=events,
-        peak_running=peak_running, peak_kv_blocks=peak_blocks, peak_kv_tokens=peak_tokens,
-        queue_growth=_queue_growth(q_times, q_waiting), policy=policy, max_num_seqs=max_num_seqs,
-        chunk_size=chunk_size,
+        token_spans=timeline.spans, end_s=max(r.t for r in replicas), truncated=truncated,
+        steps=sum(r.steps for r in replicas), events=sum(r.events for r in replicas),
+        peak_running=max(r.peak_running for r in replicas), peak_kv_blocks=max(r.peak_blocks for r in replicas),
+        peak_kv_tokens=max(r.peak_tokens for r in replicas), queue_growth=_queue_growth(q_times, q_waiting),
+        policy=policy, max_num_seqs=max_num_seqs, chunk_size=chunk_size, meta={"replicas": len(replicas)},
     )
+
+
+def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
+             kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
+             record_tokens: bool = False) -> SimResult:
+    """Serve `trace` on one replica."""
+    timeline = Timeline(len(trace), record_tokens)
+    replica = Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline)
+    return run_replicas(trace, [replica], lambda replicas, seq: 0, horizon_factor, policy, max_num_seqs,
+                        chunk_size)

@@ -1,0 +1,14 @@
+import pandas as pd
+
+from servingplan.io import read_json, write_json
+from servingplan.pipeline import run_stage
+from servingplan.planner import recommend
+
+
+def main(sm):
+    write_json(sm.output[0], recommend(pd.read_csv(sm.input.latency), pd.read_csv(sm.input.capacity),
+                                       pd.read_csv(sm.input.memory), [read_json(p) for p in sm.input.fleet],
+                                       sm.params.cost, sm.params.slo, sm.params.workload, sm.params.seeds))
+
+
+run_stage(snakemake, main)

@@ -1,0 +1,34 @@
+"""Identical replicas behind a router: each arrival goes to one replica, chosen when it arrives."""
+from __future__ import annotations
+
+import itertools
+
+from servingplan.costmodel import CostModel
+from servingplan.sim.simulator import Replica, SimResult, Timeline, run_replicas
+from servingplan.workload import Trace
+
+
+def round_robin():
+    turn = itertools.count()
+    return lambda replicas, seq: next(turn) % len(replicas)
+
+
+def join_shortest_queue():
+    """Fewest requests waiting or running at the arrival instant; ties go to the lowest index."""
+    return lambda replicas, seq: min(range(len(replicas)), key=lambda i: replicas[i].outstanding)
+
+
+ROUTERS = {"round_robin": round_robin, "join_shortest_queue": join_shortest_queue}
+
+
+def simulate_fleet(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
+                   kv_blocks: int | None, block_size: int, horizon_factor: float, replicas: int,
+                   router: str, record_tokens: bool = False) -> SimResult:
+    if router not in ROUTERS:
+        raise ValueError(f"router={router!r}: allowed {', '.join(ROUTERS)}")
+    if replicas < 1:
+        raise ValueError(f"replicas={replicas}: must be >= 1")
+    timeline = Timeline(len(trace), record_tokens)
+    fleet = [Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline)
+             for _ in range(replicas)]
+    return run_replicas(trace, fleet, ROUTERS[router](), horizon_factor, policy, max_num_seqs, chunk_size)
