@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan import cost as costs
-from servingplan.capacity import Criterion, capacity
+from servingplan.capacity import Criterion, capacity as find_capacity
 from servingplan.memory import GB, kv_blocks_for_budget, memory_plan
 from servingplan.metrics import SLO, summarize
 from servingplan.sim import simulate
@@ -71,7 +71,7 @@ def capacity_cell(cost, machine, policy, cap, workload, slo, sweep, memory, seed
         "joint_attainment": Criterion(capstone_slo(slo), attainment_goal=slo["attainment_goal"]),
         "stable": Criterion(SLO(), attainment_goal=0.0),
     }
-    return {name: capacity(draws, seeds, cost, policy, cap, sweep["chunk_size"], criterion,
+    return {name: find_capacity(draws, seeds, cost, policy, cap, sweep["chunk_size"], criterion,
                            capacity["rate_min"], capacity["rate_max"], capacity["tolerance"], blocks,
                            memory["block_size"], sweep["horizon_factor"])
             for name, criterion in criteria.items()}
@@ -138,7 +138,9 @@ def smallest_speedup(holds, tolerance: float) -> dict:
 
 
 def smallest_fleet(holds, max_replicas: int) -> dict:
-    """Fewest replicas for which `holds(r)` is (True, detail): doubling, then bisection."""
+    """Fewest replicas for which `holds(r)` is (True, detail). The largest fleet is tried first, so
+    a target no fleet can meet (a latency floor that replicas do not lower) costs one evaluation;
+    then doubling and bisection."""
     tried = {}
 
     def check(r):
@@ -146,11 +148,11 @@ def smallest_fleet(holds, max_replicas: int) -> dict:
             tried[r] = holds(r)
         return tried[r][0]
 
+    if not check(max_replicas):
+        return {"replicas": None, "feasible": False, "max_replicas": max_replicas,
+                "at_max": tried[max_replicas][1], "tried": sorted(tried)}
     failed, r = 0, 1
     while not check(r):
-        if r >= max_replicas:
-            return {"replicas": None, "feasible": False, "max_replicas": max_replicas,
-                    "at_max": tried[r][1], "tried": sorted(tried)}
         failed, r = r, min(2 * r, max_replicas)
     lo, hi = failed, r
     while hi - lo > 1:

@@ -126,6 +126,8 @@ class Replica:
         end); an idle engine waits until then. Stops early past `horizon`."""
         while self.t < until and self.t <= horizon:
             if not self._step(until):
+                if math.isinf(until):
+                    return
                 self.t = until
 
     def _step(self, next_arrival: float) -> bool:
