@@ -14,6 +14,7 @@ rule profile:
         profile=config["profile"],
         model=config["model"],
         seed=config["seed"],
+        quick=config["model"].get("tiny", False),
     threads: workflow.cores
     resources:
         mem_mb=4000,

@@ -6,9 +6,8 @@ localrules: validate
 rule validate:
     input:
         costmodel=rules.fit.output.costmodel,
-        capacity=rules.collect.output.capacity,
         machine=rules.profile.output.machine,
-        code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py"),
+        code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py"),
     output:
         summary="results/validation/comparison.csv",
         requests="results/validation/requests.csv",

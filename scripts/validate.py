@@ -1,0 +1,21 @@
+from servingplan.costmodel import load
+from servingplan.io import read_json, write_csv, write_json
+from servingplan.pipeline import run_stage
+from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES
+from servingplan.profiling.model import load_model
+from servingplan.validation import run_validation
+
+
+def main(sm):
+    p = sm.params
+    tiny = p.model.get("tiny", False)
+    model, _ = load_model("random" if tiny else p.model["source"], p.seed, QUICK_CONFIG_OVERRIDES if tiny else None)
+    out = run_validation(model, load(sm.input.costmodel), read_json(sm.input.machine), p.workload, p.validation,
+                         p.sweep, p.memory, p.seed, threads=p.profile["threads"] or None)
+    write_csv(sm.output.summary, out["comparison"])
+    write_csv(sm.output.requests, out["requests"])
+    write_csv(sm.output.steps, out["steps"])
+    write_json(sm.output.meta, out["meta"])
+
+
+run_stage(snakemake, main)
