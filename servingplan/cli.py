@@ -1,0 +1,268 @@
+"""The Exercise-2 command line: simulate policies over caps and rates and report latency and goodput.
+
+    python scripts/serving_sim.py --policies continuous_chunked --rate 20 \\
+        --slo-ttft-ms 2000 --slo-tpot-ms 12 --sweep-batch 4,8,16,24,32,48,64,128
+
+Every cell (policy x cap x rate) is simulated once per seed; the table and the JSON rows give the
+mean over seeds. Bad input ends the program with one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from servingplan import costmodel, workload
+from servingplan.metrics import SLO, aggregate_seeds, summarize
+from servingplan.sim import POLICIES, simulate
+
+PROG = "serving_sim"
+CURVE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+# vLLM's default max_num_seqs
+DEFAULT_CAP = 256
+REPORTED_PERCENTILES = (50, 90, 95, 99)
+
+
+class UsageError(Exception):
+    """Bad input found after parsing; its message is the whole error line."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
+def _number(text: str, kind, what: str, minimum, inclusive: bool):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+        bound = f">= {minimum}" if inclusive else f"> {minimum}"
+        raise argparse.ArgumentTypeError(f"{text!r}: must be {what} {bound}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, "a number", 0.0, inclusive=False)
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, "an integer", 1, inclusive=True)
+
+
+def percentile_value(text: str) -> float:
+    value = _number(text, float, "a percentile", 0.0, inclusive=True)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a percentile in [0, 100]")
+    return value
+
+
+def list_of(item_type):
+    """A comma-separated list whose every item passes `item_type`."""
+    def parse(text: str):
+        items = text.split(",")
+        if any(not item.strip() for item in items):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list (empty item)")
+        return [item_type(item.strip()) for item in items]
+    return parse
+
+
+def policy_name(text: str) -> str:
+    if text not in POLICIES:
+        raise argparse.ArgumentTypeError(f"unknown policy {text!r}: allowed {', '.join(POLICIES)}")
+    return text
+
+
+def seed_list(text: str) -> list[int]:
+    """'5' means seeds 0..4; '3,7' means exactly seeds 3 and 7."""
+    if "," not in text:
+        return list(range(positive_int(text)))
+    return list_of(lambda s: _number(s, int, "an integer seed", 0, inclusive=True))(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog=PROG, description="Simulate LLM serving policies on a workload and report "
+                       "TTFT/TPOT/ITL percentiles, throughput and goodput (mean over seeds).")
+    p.add_argument("--policies", type=list_of(policy_name), action="append",
+                   help=f"policies, comma-separated or repeated; allowed: {', '.join(POLICIES)} "
+                        "(default continuous_chunked)")
+    p.add_argument("--rate", type=positive_float, help="arrival rate, requests/s (default: the workload's)")
+    p.add_argument("--sweep-rate", type=list_of(positive_float), help="comma-separated arrival rates")
+    p.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_CAP,
+                   help=f"cap on running sequences when --sweep-batch is not given (default {DEFAULT_CAP})")
+    p.add_argument("--sweep-batch", type=list_of(positive_int), help="comma-separated caps (max_num_seqs)")
+    p.add_argument("--workload", default="exercise2",
+                   help=f"preset ({', '.join(workload.PRESETS)}) or trace CSV with columns arrival_s, "
+                        "prompt_tokens, output_tokens (default exercise2)")
+    p.add_argument("--cost-model", default="exercise2",
+                   help=f"preset ({', '.join(costmodel.PRESETS)}) or cost-model JSON (default exercise2)")
+    p.add_argument("--chunk-size", type=positive_int, default=512, help="prompt tokens per step, chunked policy")
+    p.add_argument("--seeds", type=seed_list, default=list(range(3)),
+                   help="number of seeds (N means 0..N-1) or a comma-separated list of seeds (default 3)")
+    p.add_argument("--num-requests", type=positive_int, help="requests per trace (default: the workload's)")
+    p.add_argument("--slo-ttft-ms", type=positive_float, help="TTFT bound, ms")
+    p.add_argument("--slo-ttft-pct", type=percentile_value, default=95.0, help="TTFT percentile (default 95)")
+    p.add_argument("--slo-tpot-ms", type=positive_float, help="TPOT bound, ms")
+    p.add_argument("--slo-tpot-pct", type=percentile_value, default=95.0, help="TPOT percentile (default 95)")
+    p.add_argument("--slo-itl-ms", type=positive_float, help="inter-token latency bound, ms")
+    p.add_argument("--slo-itl-pct", type=percentile_value, default=99.0, help="ITL percentile (default 99)")
+    p.add_argument("--kv-blocks", type=positive_int, help="KV cache size in blocks (default unlimited)")
+    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--print-curve", action="store_true",
+                   help="print the cost model's decode step latency and throughput per batch size and exit")
+    p.add_argument("--curve-context", type=positive_int, default=2000,
+                   help="per-sequence context of --print-curve (default 2000)")
+    p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    return p
+
+
+def load_cost_model(spec: str) -> costmodel.CostModel:
+    try:
+        return costmodel.load(spec)
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise UsageError(f"--cost-model {spec!r}: {_reason(exc)}; allowed: a preset "
+                         f"({', '.join(costmodel.PRESETS)}) or a cost-model JSON file") from None
+
+
+def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
+    """(seed, rate, trace) for every seed and rate; a trace CSV is one fixed trace, so one seed."""
+    rates = args.sweep_rate or ([args.rate] if args.rate else [])
+    if args.workload in workload.PRESETS:
+        spec = dict(workload.PRESETS[args.workload])
+        if args.num_requests:
+            spec["num_requests"] = args.num_requests
+        rates = rates or [float(spec["rate"])]
+        return [(seed, rate, workload.generate({**spec, "rate": rate}, seed))
+                for rate in rates for seed in args.seeds]
+    if not Path(args.workload).is_file():
+        raise UsageError(f"--workload {args.workload!r}: no such preset or file; allowed: a preset "
+                         f"({', '.join(workload.PRESETS)}) or a trace CSV")
+    try:
+        trace = workload.load_trace_csv(args.workload)
+    except (ValueError, KeyError, OSError) as exc:
+        raise UsageError(f"--workload {args.workload!r}: {_reason(exc)}; allowed: a CSV with columns "
+                         "arrival_s, prompt_tokens, output_tokens") from None
+    if args.num_requests:
+        trace = workload.Trace(trace.arrival_s[:args.num_requests], trace.prompt_tokens[:args.num_requests],
+                               trace.output_tokens[:args.num_requests])
+    if len(trace) == 0:
+        raise UsageError(f"--workload {args.workload!r}: the trace has no requests")
+    if not rates:
+        return [(0, len(trace) / trace.duration_s if trace.duration_s > 0 else math.inf, trace)]
+    if trace.duration_s <= 0:
+        raise UsageError(f"--workload {args.workload!r}: all arrivals at time 0, so --rate cannot rescale it")
+    return [(0, rate, trace.with_rate(rate)) for rate in rates]
+
+
+def _reason(exc: Exception) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def slo_from(args) -> SLO:
+    return SLO(ttft_ms=args.slo_ttft_ms, ttft_percentile=args.slo_ttft_pct,
+               tpot_ms=args.slo_tpot_ms, tpot_percentile=args.slo_tpot_pct,
+               itl_ms=args.slo_itl_ms, itl_percentile=args.slo_itl_pct)
+
+
+def run_cells(args, cost, traces, slo) -> list[dict]:
+    """One row per (policy, cap, rate): the mean over seeds of each summary figure."""
+    policies = [p for group in (args.policies or [["continuous_chunked"]]) for p in group]
+    caps = args.sweep_batch or [args.max_num_seqs]
+    rates = sorted({rate for _, rate, _ in traces})
+    record_tokens = slo.itl_ms is not None
+    rows = []
+    for policy in dict.fromkeys(policies):
+        for cap in caps:
+            for rate in rates:
+                summaries = [summarize(simulate(trace, cost, policy, cap, args.chunk_size,
+                                                kv_blocks=args.kv_blocks, block_size=args.block_size,
+                                                record_tokens=record_tokens), slo)
+                             for _, r, trace in traces if r == rate]
+                agg = aggregate_seeds(summaries)
+                row = {"policy": policy, "max_num_seqs": cap, "rate": rate, "seeds": agg["seeds"],
+                       "stable": agg["stable_min"] == 1.0, "stable_share": agg["stable_mean"],
+                       "slo_holds_share": agg["slo_holds_mean"]}
+                metrics = ["ttft_ms", "tpot_ms"] + (["itl_ms"] if record_tokens else [])
+                for metric in metrics:
+                    for q in REPORTED_PERCENTILES:
+                        row[f"{metric}_p{q}"] = agg[f"{metric}_p{q}_mean"]
+                for key in ("goodput_rps", "attainment", "throughput_tok_s", "preemptions"):
+                    row[key] = agg[f"{key}_mean"]
+                row["goodput_rps_std"] = agg["goodput_rps_std"]
+                rows.append(row)
+    return rows
+
+
+def _fmt(value, digits: int) -> str:
+    if value is None:
+        return "inf"
+    return f"{value:.{digits}f}"
+
+
+def format_table(rows: list[dict], slo: SLO) -> str:
+    has_itl = any("itl_ms_p99" in r for r in rows)
+    columns = [("policy", lambda r: r["policy"]), ("cap", lambda r: str(r["max_num_seqs"])),
+               ("rate", lambda r: f"{r['rate']:g}"), ("seeds", lambda r: str(r["seeds"])),
+               ("stable", lambda r: f"{round(r['stable_share'] * r['seeds'])}/{r['seeds']}")]
+    for q in (50, 95, 99):
+        columns.append((f"ttft_p{q}_ms", lambda r, q=q: _fmt(r[f"ttft_ms_p{q}"], 0)))
+    for q in (50, 95, 99):
+        columns.append((f"tpot_p{q}_ms", lambda r, q=q: _fmt(r[f"tpot_ms_p{q}"], 2)))
+    if has_itl:
+        columns.append(("itl_p99_ms", lambda r: _fmt(r.get("itl_ms_p99"), 2)))
+    columns += [("tok/s", lambda r: _fmt(r["throughput_tok_s"], 0)),
+                ("goodput_rps", lambda r: _fmt(r["goodput_rps"], 2)),
+                ("goodput_std", lambda r: _fmt(r["goodput_rps_std"], 2) if r["seeds"] > 1 else "-"),
+                ("attain", lambda r: f"{100 * r['attainment']:.1f}%"),
+                ("slo_holds", lambda r: f"{round(r['slo_holds_share'] * r['seeds'])}/{r['seeds']}"),
+                ("preempt", lambda r: _fmt(r["preemptions"], 0))]
+    cells = [[name for name, _ in columns]] + [[get(r) for _, get in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append("")
+    lines.append(f"SLO: {describe_slo(slo)}. Latencies and goodput are means over seeds; "
+                 "inf = the percentile falls among unfinished requests.")
+    if rows:
+        best = max(rows, key=lambda r: r["goodput_rps"] or 0.0)
+        lines.append(f"Highest goodput: {best['policy']} cap {best['max_num_seqs']} at rate {best['rate']:g} "
+                     f"-> {_fmt(best['goodput_rps'], 2)} good requests/s")
+    return "\n".join(lines)
+
+
+def describe_slo(slo: SLO) -> str:
+    parts = [f"{name} p{pct:g} <= {bound:g} ms" for name, bound, pct in
+             (("TTFT", slo.ttft_ms, slo.ttft_percentile), ("TPOT", slo.tpot_ms, slo.tpot_percentile),
+              ("ITL", slo.itl_ms, slo.itl_percentile)) if bound is not None]
+    return ", ".join(parts) if parts else "none (every finished request is good)"
+
+
+def format_curve(cost: costmodel.CostModel, context: int) -> str:
+    lines = [f"decode step of {cost.name} at {context} tokens of context per sequence",
+             f"{'B':>4}  {'step_ms':>8}  {'tok/s':>7}"]
+    for row in costmodel.decode_curve(cost, CURVE_BATCHES, context):
+        lines.append(f"{row['batch']:>4}  {row['step_ms']:>8.2f}  {row['tokens_per_s']:>7.0f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cost = load_cost_model(args.cost_model)
+        if args.print_curve:
+            print(format_curve(cost, args.curve_context))
+            return 0
+        slo = slo_from(args)
+        rows = run_cells(args, cost, load_traces(args), slo)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_table(rows, slo))
+    return 0

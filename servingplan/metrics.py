@@ -1,0 +1,247 @@
+"""Serving metrics of a simulation, defined as vLLM's benchmarks/serve.py defines them.
+
+Per request with arrival a, first token f, completion c and N output tokens:
+TTFT = f - a (queueing included), TPOT = (c - f) / (N - 1) for N >= 2, E2E = c - a, and ITL is
+every gap between consecutive tokens. Percentiles use numpy's linear interpolation.
+
+A request that did not finish (the run hit its horizon, or it could never fit in the KV cache)
+is not good, and its TTFT / TPOT / E2E count as infinite: a percentile that falls among such
+requests is infinite, reported as None, never as a large finite number that looks like a latency.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from itertools import chain
+
+import numpy as np
+import pandas as pd
+
+from servingplan.sim.simulator import SimResult
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency targets; a metric whose bound is None is not constrained.
+
+    A request is good when its TTFT <= ttft_ms, its TPOT <= tpot_ms, and the itl_percentile-th
+    percentile of its own inter-token gaps <= itl_ms. The aggregate SLO holds when, for each bound,
+    the given percentile of the metric over the run is within it (for ITL: over all gaps).
+    """
+    ttft_ms: float | None = None
+    ttft_percentile: float = 95.0
+    tpot_ms: float | None = None
+    tpot_percentile: float = 95.0
+    itl_ms: float | None = None
+    itl_percentile: float = 99.0
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_percentile"):
+                if not 0.0 <= value <= 100.0:
+                    raise ValueError(f"SLO {f.name}={value}: must lie in [0, 100]")
+            elif value is not None and not value > 0:
+                raise ValueError(f"SLO {f.name}={value}: must be > 0 (or None for no bound)")
+
+
+def percentile(values, q: float) -> float:
+    """numpy's linear-interpolation percentile that lets +inf through: inf whenever the q-th
+    percentile touches an infinite value, NaN for no values at all."""
+    v = np.sort(np.asarray(values, dtype=float))
+    if v.size == 0:
+        return math.nan
+    position = q / 100.0 * (v.size - 1)
+    lo = math.floor(position)
+    hi = min(lo + 1, v.size - 1)
+    fraction = position - lo
+    if fraction == 0.0 or hi == lo:
+        return float(v[lo])
+    if math.isinf(v[hi]):
+        return math.inf
+    return float(np.percentile(v, q))
+
+
+def _token_grid(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
+    """(request index, emission time) of every token, request-major and in time order."""
+    if result.token_spans is None:
+        raise ValueError("ITL needs token times: simulate with record_tokens=True")
+    spans_per_request = np.fromiter((len(s) for s in result.token_spans), dtype=np.int64,
+                                    count=len(result.token_spans))
+    spans = np.fromiter(chain.from_iterable(chain.from_iterable(result.token_spans)), dtype=float,
+                        count=4 * int(spans_per_request.sum())).reshape(-1, 4)
+    start, k, d0, dd = spans[:, 0], spans[:, 1].astype(np.int64), spans[:, 2], spans[:, 3]
+    span_of_token = np.repeat(np.arange(len(spans)), k)
+    # j = 1..k within each span: a global counter minus the span's offset
+    first_token_of_span = np.cumsum(k) - k
+    j = (np.arange(span_of_token.size) - first_token_of_span[span_of_token] + 1).astype(float)
+    times = start[span_of_token] + j * d0[span_of_token] + dd[span_of_token] * j * (j - 1) / 2
+    request_of_span = np.repeat(np.arange(len(result.token_spans)), spans_per_request)
+    return request_of_span[span_of_token], times
+
+
+def _gaps(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
+    """(request index, gap) of every inter-token gap."""
+    request, times = _token_grid(result)
+    same_request = request[1:] == request[:-1]
+    return request[1:][same_request], np.diff(times)[same_request]
+
+
+def itl_values(result: SimResult) -> np.ndarray:
+    """Every inter-token gap (seconds) of every request, request by request."""
+    return _gaps(result)[1]
+
+
+def request_itl_percentile(result: SimResult, q: float) -> np.ndarray:
+    """The q-th percentile of each request's own gaps (seconds); NaN for a request with no gap."""
+    request, gaps = _gaps(result)
+    n = len(result.arrival_s)
+    out = np.full(n, np.nan)
+    if gaps.size == 0:
+        return out
+    order = np.lexsort((gaps, request))
+    request, gaps = request[order], gaps[order]
+    counts = np.bincount(request, minlength=n)
+    offsets = np.cumsum(counts) - counts
+    has_gaps = counts > 0
+    position = q / 100.0 * (counts[has_gaps] - 1)
+    lo = np.floor(position).astype(np.int64)
+    hi = np.minimum(lo + 1, counts[has_gaps] - 1)
+    base = offsets[has_gaps]
+    below, above = gaps[base + lo], gaps[base + hi]
+    out[has_gaps] = below + (above - below) * (position - lo)
+    return out
+
+
+def per_request(result: SimResult) -> pd.DataFrame:
+    """One row per request; NaN where a time was never reached."""
+    n_out = np.asarray(result.output_tokens)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(n_out >= 2, (result.completion_s - result.first_token_s) / (n_out - 1), np.nan)
+    return pd.DataFrame({
+        "id": np.arange(len(result.arrival_s)),
+        "arrival_s": result.arrival_s,
+        "prompt_tokens": result.prompt_tokens,
+        "output_tokens": n_out,
+        "scheduled_s": result.scheduled_s,
+        "first_token_s": result.first_token_s,
+        "completion_s": result.completion_s,
+        "queue_s": result.scheduled_s - result.arrival_s,
+        "ttft_s": result.first_token_s - result.arrival_s,
+        "tpot_s": tpot,
+        "e2e_s": result.completion_s - result.arrival_s,
+        "generated": result.generated,
+        "preemptions": result.preemptions,
+        "recomputed_tokens": result.recomputed_tokens,
+        "rejected": result.rejected,
+        "finished": result.finished,
+    })
+
+
+def good_requests(result: SimResult, slo: SLO, frame: pd.DataFrame | None = None) -> np.ndarray:
+    """Boolean mask of the requests that finished and met every bound of `slo`."""
+    frame = per_request(result) if frame is None else frame
+    good = frame["finished"].to_numpy().copy()
+    if slo.ttft_ms is not None:
+        good &= frame["ttft_s"].to_numpy() * 1e3 <= slo.ttft_ms
+    if slo.tpot_ms is not None:
+        # vLLM counts a one-token reply's TPOT as 0 for goodput
+        tpot = frame["tpot_s"].to_numpy()
+        good &= (frame["output_tokens"].to_numpy() < 2) | (tpot * 1e3 <= slo.tpot_ms)
+    if slo.itl_ms is not None:
+        own_itl = request_itl_percentile(result, slo.itl_percentile)
+        good &= np.isnan(own_itl) | (own_itl * 1e3 <= slo.itl_ms)
+    return good
+
+
+def _none_if_not_finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _latency_stats(prefix: str, values_s: np.ndarray) -> dict:
+    out = {f"{prefix}_mean": _none_if_not_finite(float(np.mean(values_s)) * 1e3) if values_s.size else None}
+    for q in PERCENTILES:
+        out[f"{prefix}_p{q}"] = _none_if_not_finite(percentile(values_s, q) * 1e3)
+    return out
+
+
+def summarize(result: SimResult, slo: SLO | None = None) -> dict:
+    """Flat, JSON-friendly summary of one run: latency statistics in ms (None = infinite or
+    undefined), throughput, goodput and SLO attainment, and the run's stability facts."""
+    frame = per_request(result)
+    n = len(frame)
+    finished = frame["finished"].to_numpy()
+    n_out = frame["output_tokens"].to_numpy()
+    # unfinished requests count as infinitely late
+    ttft = np.where(np.isnan(frame["ttft_s"]), math.inf, frame["ttft_s"])
+    e2e = np.where(finished, frame["e2e_s"], math.inf)
+    tpot = np.where(finished, frame["tpot_s"], math.inf)[n_out >= 2]
+
+    first_arrival = float(result.arrival_s[0]) if n else 0.0
+    duration = float(result.end_s) - first_arrival
+    trace_span = float(result.arrival_s[-1]) if n else 0.0
+    out = {
+        "num_requests": n,
+        "finished": int(finished.sum()),
+        "rejected": int(np.sum(result.rejected)),
+        "duration_s": duration,
+        "request_rate": n / trace_span if trace_span > 0 else None,
+        "throughput_tok_s": float(n_out[finished].sum()) / duration if duration > 0 else None,
+    }
+    out.update(_latency_stats("ttft_ms", ttft))
+    out.update(_latency_stats("tpot_ms", tpot))
+    if result.token_spans is not None:
+        out.update(_latency_stats("itl_ms", itl_values(result)))
+    out.update(_latency_stats("e2e_ms", e2e))
+
+    if slo is None:
+        good = finished
+        holds = True
+    else:
+        good = good_requests(result, slo, frame)
+        checks = []
+        if slo.ttft_ms is not None:
+            checks.append(percentile(ttft, slo.ttft_percentile) * 1e3 <= slo.ttft_ms)
+        if slo.tpot_ms is not None and tpot.size:
+            checks.append(percentile(tpot, slo.tpot_percentile) * 1e3 <= slo.tpot_ms)
+        if slo.itl_ms is not None:
+            gaps = itl_values(result)
+            if gaps.size:
+                checks.append(percentile(gaps, slo.itl_percentile) * 1e3 <= slo.itl_ms)
+        holds = all(checks)
+    out.update({
+        "good": int(good.sum()),
+        "goodput_rps": float(good.sum()) / duration if duration > 0 else None,
+        "attainment": float(good.sum()) / n if n else None,
+        "slo_holds": bool(holds),
+        "stable": bool(result.stable),
+        "truncated": bool(result.truncated),
+        "preemptions": int(np.sum(result.preemptions)),
+        "recomputed_tokens": int(np.sum(result.recomputed_tokens)),
+        "peak_kv_blocks": int(result.peak_kv_blocks),
+        "peak_running": int(result.peak_running),
+    })
+    return out
+
+
+def aggregate_seeds(summaries: list[dict]) -> dict:
+    """Mean, sample std, min and max over seeds of every numeric key, as `{key}_{stat}`, plus
+    `seeds`. Booleans count as 0/1, so `stable_mean` is the share of stable seeds. A None in some
+    seed (an infinite or undefined value) makes that key's mean, std and max None; its min is the
+    smallest defined value."""
+    if not summaries:
+        raise ValueError("aggregate_seeds: no summaries")
+    out = {"seeds": len(summaries)}
+    for key in summaries[0]:
+        values = [s.get(key) for s in summaries]
+        if not all(v is None or isinstance(v, (int, float, bool, np.number)) for v in values):
+            continue
+        defined = np.array([float(v) for v in values if v is not None])
+        complete = defined.size == len(values)
+        out[f"{key}_mean"] = float(defined.mean()) if complete else None
+        out[f"{key}_std"] = float(defined.std(ddof=1)) if complete and defined.size > 1 else None
+        out[f"{key}_min"] = float(defined.min()) if defined.size else None
+        out[f"{key}_max"] = float(defined.max()) if complete else None
+    return out

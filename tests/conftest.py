@@ -1,0 +1,37 @@
+"""Shared helpers: hand-made traces and cost models whose step times are exact in binary floating point."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+from servingplan.costmodel import CostModel
+from servingplan.workload import Trace
+
+# The machine is shared and noisy: no per-example deadline, few examples.
+settings.register_profile("servingplan", max_examples=40, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("servingplan")
+
+
+def make_trace(arrivals, prompts, outputs) -> Trace:
+    return Trace(np.asarray(arrivals, dtype=float), np.asarray(prompts, dtype=np.int64),
+                 np.asarray(outputs, dtype=np.int64))
+
+
+def fixed_cost(decode_s: float = 1.0, prefill_s: float = 2.0, prefill_per_token_s: float = 0.0) -> CostModel:
+    """Every decode step takes `decode_s`, every prefill call `prefill_s` (+ per token): with
+    integer values every simulated time is an exact integer."""
+    return CostModel(decode_fixed_s=decode_s, decode_per_seq_s=0.0, decode_per_ctx_token_s=0.0,
+                     prefill_fixed_s=prefill_s, prefill_per_token_s=prefill_per_token_s, name="fixed")
+
+
+# Times grow with batch, context and prompt length, as on a real machine; the constants are powers of
+# two over 1024 so sums stay exact for the small cases the tests build.
+GROWING = CostModel(decode_fixed_s=8 / 1024, decode_per_seq_s=1 / 1024, decode_per_ctx_token_s=1 / 1024 ** 2,
+                    prefill_fixed_s=4 / 1024, prefill_per_token_s=1 / 1024 / 8, name="growing")
+
+
+@pytest.fixture
+def growing_cost() -> CostModel:
+    return GROWING
