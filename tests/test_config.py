@@ -1,0 +1,57 @@
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servingplan.config import ConfigError, check, load
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+def mutated(change):
+    config = copy.deepcopy(BASE)
+    change(config)
+    return config
+
+
+def test_shipped_configs_are_valid():
+    load(ROOT / "config.yaml")
+    load(ROOT / "config" / "quick.yaml")
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda c: c["sweep"]["caps"].__setitem__(1, 0), "config error: sweep.caps[1] = 0: must be >= 1"),
+    (lambda c: c["sweep"].__setitem__("policies", ["fifo"]),
+     "config error: sweep.policies[0] = 'fifo': allowed: static, continuous, continuous_chunked"),
+    (lambda c: c["cost"].__setitem__("price_per_hour", "cheap"),
+     "config error: cost.price_per_hour = 'cheap': must be of type number"),
+    (lambda c: c["cost"].pop("price_per_hour"), "config error: cost.price_per_hour is missing (required)"),
+    (lambda c: c["memory"].__setitem__("budget_gib", 2), "config error: memory.budget_gib is not a known key"),
+    (lambda c: c["workload"].__setitem__("rate", 0), "config error: workload.rate = 0: must be > 0"),
+    (lambda c: c["workload"]["output"].__setitem__("mean", 300),
+     "config error: workload.output.mean = 300: must lie strictly between min (8) and max (256)"),
+    (lambda c: c["workload"]["prompt"].__setitem__("min", 600),
+     "config error: workload.prompt.min = 600: must be <= workload.prompt.max (512)"),
+    (lambda c: c["capacity"].__setitem__("rate_min", 100), "config error: capacity.rate_min = 100: must be <"),
+    (lambda c: c["memory"].__setitem__("max_context", 512), "config error: memory.max_context = 512: must cover"),
+    (lambda c: c["model"].__setitem__("source", "/no/such/checkpoint"), "config error: model.source = '/no/such"),
+])
+def test_bad_values_name_key_value_and_what_is_allowed(change, expected):
+    with pytest.raises(ConfigError) as err:
+        check(mutated(change))
+    message = str(err.value)
+    assert message.startswith(expected)
+    assert "\n" not in message
+
+
+def test_cli_check_exits_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(mutated(lambda c: c["sweep"].__setitem__("seeds", -1))))
+    proc = subprocess.run([sys.executable, "-m", "servingplan.config", str(bad)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "config error: sweep.seeds = -1: must be >= 1"

@@ -1,0 +1,149 @@
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from servingplan import planner
+from servingplan.capacity import bisect_rate
+from servingplan.cost import cost_per_1k_tokens, max_replicas_within
+from servingplan.costmodel import CostModel
+from servingplan.memory import kv_blocks_for_budget, kv_bytes_per_token, largest_cap, memory_plan
+from servingplan.sim import simulate
+from servingplan.sim.fleet import simulate_fleet
+from servingplan.workload import CAPSTONE, Trace, generate
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT2_WEIGHTS = 124_439_808 * 4
+MACHINE = {"memory": {"param_bytes": GPT2_WEIGHTS, "kv_bytes_per_token": 73728, "kv_bytes_per_token_expected": 73728,
+                      "rss_after_load_bytes": GPT2_WEIGHTS, "peak_rss_bytes": GPT2_WEIGHTS},
+           "model": {"params": 124_439_808}}
+FAST = CostModel(decode_fixed_s=2e-3, decode_per_seq_s=1e-4, decode_per_ctx_token_s=1e-7, prefill_fixed_s=1e-3,
+                 prefill_per_token_s=5e-5, ctx_mode="padded_max", name="fast")
+SLOW = FAST.scaled(1 / 40)
+
+
+def test_bisect_rate_brackets_the_threshold():
+    found = bisect_rate(lambda r: r <= 3.3, 0.1, 50.0, 0.01)
+    assert found["lower"] <= 3.3 < found["upper"]
+    assert found["upper"] / found["lower"] - 1 <= 0.01
+    assert bisect_rate(lambda r: False, 0.1, 50.0, 0.01)["censored"] == "below_min"
+    assert bisect_rate(lambda r: True, 0.1, 50.0, 0.01)["censored"] == "above_max"
+
+
+@pytest.mark.parametrize("needed", [1, 2, 5, 17, 64])
+def test_smallest_fleet_finds_the_threshold(needed):
+    found = planner.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64)
+    assert found["feasible"] and found["replicas"] == needed and found["detail"] == {"r": needed}
+
+
+def test_smallest_fleet_reports_infeasible_after_one_try():
+    found = planner.smallest_fleet(lambda r: (False, {"r": r}), 64)
+    assert not found["feasible"] and found["tried"] == [64] and found["at_max"] == {"r": 64}
+
+
+def test_smallest_speedup():
+    found = planner.smallest_speedup(lambda s: s >= 3.7, 0.01)
+    assert found["speedup_bracket"][0] < 3.7 <= found["speedup_needed"] <= 3.7 * 1.01
+    assert planner.smallest_speedup(lambda s: True, 0.01)["speedup_needed"] == 1.0
+    assert planner.smallest_speedup(lambda s: False, 0.01)["speedup_needed"] is None
+
+
+def test_memory_arithmetic_for_gpt2_small():
+    assert kv_bytes_per_token(12, 768) == 73728
+    per_seq = 768 * 73728
+    assert largest_cap(2e9, GPT2_WEIGHTS, 73728, 768, 16) == int((2e9 - GPT2_WEIGHTS) // per_seq)
+    plan = memory_plan(8, GPT2_WEIGHTS, 73728, 768, 16, 2e9, peak_kv_blocks=100)
+    assert plan["kv_reserved_bytes"] == 8 * per_seq
+    assert plan["kv_used_peak_bytes"] == 100 * 16 * 73728
+    assert plan["fits_reserved"] and plan["fits_used"]
+    assert not memory_plan(64, GPT2_WEIGHTS, 73728, 768, 16, 2e9)["fits_reserved"]
+    assert kv_blocks_for_budget(1e9, 2e9, 73728, 16) == 0
+
+
+def test_cost_per_1k_tokens():
+    assert cost_per_1k_tokens(1.0, 1, 1000 / 3.6) == pytest.approx(0.001)
+    assert cost_per_1k_tokens(1.0, 3, 473.0) == pytest.approx(3 / 3600 / 473 * 1000)
+    assert cost_per_1k_tokens(1.0, 1, 0.0) == math.inf
+    assert max_replicas_within(1.0, 473.0, 0.001) == 1
+    assert max_replicas_within(1.0, 1000.0, 0.001) == 3
+
+
+def test_round_robin_fleet_equals_independent_replicas():
+    trace = generate(dict(CAPSTONE, num_requests=90), seed=3).with_rate(20.0)
+    fleet = simulate_fleet(trace, FAST, "continuous_chunked", 4, 256, None, 16, 20.0, 3, "round_robin")
+    for r in range(3):
+        part = Trace(trace.arrival_s[r::3], trace.prompt_tokens[r::3], trace.output_tokens[r::3])
+        alone = simulate(part, FAST, "continuous_chunked", 4, 256)
+        np.testing.assert_allclose(fleet.first_token_s[r::3], alone.first_token_s, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(fleet.completion_s[r::3], alone.completion_s, rtol=0, atol=1e-12)
+
+
+def test_one_replica_fleet_equals_simulate():
+    trace = generate(dict(CAPSTONE, num_requests=60), seed=1)
+    for router in ("round_robin", "join_shortest_queue"):
+        fleet = simulate_fleet(trace, FAST, "continuous", 8, 512, 500, 16, 20.0, 1, router)
+        alone = simulate(trace, FAST, "continuous", 8, 512, 500, 16)
+        np.testing.assert_array_equal(fleet.completion_s, alone.completion_s)
+
+
+def test_join_shortest_queue_spreads_a_burst():
+    burst = Trace(np.array([0.0, 1e-6, 2e-6, 3e-6]), np.array([100] * 4), np.array([50] * 4))
+    fleet = simulate_fleet(burst, SLOW, "continuous", 1, 512, None, 16, 20.0, 4, "join_shortest_queue")
+    # every request lands on an idle replica, so none waits for another
+    np.testing.assert_allclose(fleet.scheduled_s, burst.arrival_s, atol=1e-9)
+
+
+def test_unknown_router_is_refused():
+    trace = generate(dict(CAPSTONE, num_requests=10), seed=1)
+    with pytest.raises(ValueError, match="router='random'"):
+        simulate_fleet(trace, FAST, "continuous", 8, 512, None, 16, 20.0, 2, "random")
+
+
+def small_config():
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["workload"]["num_requests"] = 60
+    config["sweep"].update(caps=[4], rates=[6.0, 9.0], seeds=2, policies=["continuous_chunked"])
+    config["capacity"].update(tolerance=0.1)
+    config["cost"].update(max_replicas=4)
+    return config
+
+
+def plan_with(cost_model, price=1.0):
+    config = small_config()
+    seeds = [0, 1]
+    args = (MACHINE, "continuous_chunked", 4, config["workload"], config["slo"], config["sweep"], config["memory"],
+            seeds)
+    latency = planner.sweep_cell(cost_model, *args)
+    cap = planner.capacity_cell(cost_model, *args, config["capacity"])
+    capacity_frame = pd.DataFrame([{"criterion_name": name, **{k: v for k, v in res.items() if k != "per_seed"}}
+                                   for name, res in cap.items()])
+    fleet = planner.fleet_cell(cost_model, *args, config["capacity"], config["cost"])
+    memory, _ = planner.memory_table(MACHINE, latency, config["memory"], config["workload"]["rate"])
+    cost_cfg = dict(config["cost"], price_per_hour=price)
+    return planner.recommend(latency, capacity_frame, memory, [fleet], cost_cfg, config["slo"], config["workload"], seeds)
+
+
+def test_recommendation_when_every_target_is_met():
+    plan = plan_with(FAST)
+    assert plan["status"] == "met"
+    assert [row["passed"] for row in plan["verdict"]] == [True, True, True, True]
+    assert plan["chosen"]["replicas"] == 1
+
+
+def test_recommendation_when_the_machine_is_too_slow():
+    plan = plan_with(SLOW)
+    assert plan["status"] == "not_met"
+    verdict = {row["target"]: row["passed"] for row in plan["verdict"]}
+    assert not verdict["latency"] and verdict["memory"]
+    needed = plan["what_it_would_take"]["speedup"]["factor"]
+    assert 1.0 < needed < 100.0
+
+
+def test_price_changes_only_the_cost_verdict():
+    cheap, dear = plan_with(FAST, price=1.0), plan_with(FAST, price=1000.0)
+    assert {r["target"]: r["passed"] for r in dear["verdict"]}["cost"] is False
+    assert dear["chosen"]["latency_ms"] == cheap["chosen"]["latency_ms"]
