@@ -40,7 +40,7 @@ def _number(text: str, kind, what: str, minimum, inclusive: bool):
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
     if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
-        bound = f">= {minimum}" if inclusive else f"> {minimum}"
+        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
         raise argparse.ArgumentTypeError(f"{text!r}: must be {what} {bound}")
     return value
 
@@ -120,11 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_cost_model(spec: str) -> costmodel.CostModel:
+    allowed = f"allowed: a preset ({', '.join(costmodel.PRESETS)}) or a cost-model JSON file"
+    if spec not in costmodel.PRESETS and not Path(spec).is_file():
+        raise UsageError(f"--cost-model {spec!r}: no such preset or file; {allowed}")
     try:
         return costmodel.load(spec)
     except (ValueError, KeyError, TypeError, OSError) as exc:
-        raise UsageError(f"--cost-model {spec!r}: {_reason(exc)}; allowed: a preset "
-                         f"({', '.join(costmodel.PRESETS)}) or a cost-model JSON file") from None
+        raise UsageError(f"--cost-model {spec!r}: {_reason(exc)}; {allowed}") from None
 
 
 def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
