@@ -1,0 +1,104 @@
+"""Exercise 2: the curve's fit and naive cap, the step log against the simulator, and the stage's
+outputs on a small workload."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from servingplan import exercise2, workload
+from servingplan.costmodel import EXERCISE2, CostModel
+from servingplan.sim import simulate
+
+SMALL = {"rate": 20.0, "num_requests": 150, "slo_ttft_ms": 2000, "slo_tpot_ms": 12, "chunk_size": 512,
+         "sweep_caps": [8, 32, 128], "chunk_sizes": [128, 512], "seeds": 2}
+# the exercise's printed table: step ms and tokens/s per batch size at a 2000-token context
+SOURCE_TABLE = {1: (5.09, 197), 2: (5.17, 387), 4: (5.34, 749), 8: (5.69, 1406), 16: (6.38, 2509),
+                24: (7.06, 3398), 32: (7.75, 4128), 48: (9.13, 5259), 64: (10.50, 6093),
+                96: (13.26, 7242), 128: (16.01, 7996)}
+
+
+@pytest.fixture(scope="module")
+def outputs():
+    return exercise2.run(SMALL, master_seed=0)
+
+
+def test_curve_reproduces_the_source_table():
+    curve = exercise2.curve_frame(EXERCISE2)
+    assert {row.batch: (round(row.step_ms, 2), round(row.tokens_per_s)) for row in curve.itertuples()} == SOURCE_TABLE
+
+
+def test_fit_recovers_the_preset():
+    fit = exercise2.read_curve(exercise2.curve_frame(EXERCISE2), EXERCISE2)
+    for method in ("least_squares", "two_rows"):
+        assert fit[method]["a_ms"] == pytest.approx(5.0, abs=1e-6)
+        assert fit[method]["b_ms"] == pytest.approx(0.086, abs=1e-6)
+    assert fit["b_per_kv_token_ns"] == pytest.approx(43.0, abs=1e-6)
+    assert fit["throughput_growth"] == pytest.approx(128 * 5.086 / 16.008)
+    assert fit["latency_growth"] == pytest.approx(16.008 / 5.086)
+
+
+def test_naive_cap_is_the_largest_batch_within_budget():
+    fit = exercise2.read_curve(exercise2.curve_frame(EXERCISE2), EXERCISE2)
+    naive = exercise2.naive_cap_answer(fit, 12.0)
+    a, b = naive["a_ms"], naive["b_ms"]
+    assert naive["b_max"] == 81
+    assert a + b * 81 <= 12.0 < a + b * 82
+
+
+@pytest.mark.parametrize("a, b, budget, expected", [(2.0, 0.5, 12.0, 20), (5.0, 0.086, 12.0, 81),
+                                                    (13.0, 1.0, 12.0, 0)])
+def test_largest_batch_within_checks_the_inequality(a, b, budget, expected):
+    assert exercise2.largest_batch_within(a, b, budget) == expected
+
+
+def test_step_log_replays_the_simulator():
+    trace = workload.generate({**workload.EXERCISE2, "num_requests": 120}, 3)
+    result = simulate(trace, EXERCISE2, "continuous_chunked", 16, 512)
+    steps = exercise2.step_log(trace, EXERCISE2, "continuous_chunked", 16, 512, result.end_s)
+    assert len(steps) == result.steps
+    last = steps.iloc[-1]
+    assert last.start_s + last.duration_s == pytest.approx(result.end_s, rel=1e-9)
+    assert steps["decode_batch"].max() <= 16
+    assert steps["prefill_tokens"].max() <= 512
+    assert steps["prefill_tokens"].sum() == trace.prompt_tokens.sum()
+
+
+def test_tpot_floor_is_the_fixed_cost_over_the_spare_second():
+    # no KV cost: a busy engine spends half of each second on prefill, so steps fit in the other half
+    cost = CostModel(decode_fixed_s=0.004, decode_per_seq_s=0.0, decode_per_ctx_token_s=0.0,
+                     prefill_fixed_s=0.0, prefill_per_token_s=1e-4)
+    trace = workload.generate({**workload.EXERCISE2, "num_requests": 50}, 0)
+    assert exercise2.tpot_floor_ms(cost, 10.0, 0.05, [trace]) == pytest.approx(8.0)
+    assert exercise2.tpot_floor_ms(cost, 20.0, 0.05, [trace]) is None
+
+
+def test_answers_cover_every_task_and_are_plain_json(outputs):
+    assert set(outputs.answers) == {"inputs", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6"}
+    json.dumps(outputs.answers, allow_nan=False)
+    a = outputs.answers
+    assert a["2.2"]["b_max"] == 81
+    assert a["2.4"]["best_cap"] in SMALL["sweep_caps"]
+    assert a["2.3"]["prefill_load"]["nominal_prefill_fraction"] == pytest.approx(20 * 550 * 47e-6)
+    assert set(a["2.5"]) == {"queueing_delay", "tpot_spread", "prefill_interference", "context_growth"}
+    assert 0.0 <= a["2.6"]["fleet_attainment"] <= 1.0
+
+
+def test_sweeps_have_a_row_per_cell_and_a_mean_per_value(outputs):
+    caps = outputs.cap_sweep
+    runs = caps[caps["stat"] == "run"]
+    assert sorted(set(zip(runs["max_num_seqs"], runs["seed"]))) == [
+        (cap, seed) for cap in SMALL["sweep_caps"] for seed in exercise2.exercise_seeds(0, SMALL["seeds"])]
+    assert sorted(caps[caps["stat"] == "mean"]["max_num_seqs"]) == SMALL["sweep_caps"]
+    chunks = outputs.chunk_sweep
+    assert sorted(chunks[chunks["stat"] == "mean"]["chunk_size"]) == SMALL["chunk_sizes"]
+    assert len(chunks[chunks["stat"] == "run"]) == len(SMALL["chunk_sizes"]) * SMALL["seeds"]
+    assert list(outputs.curve["batch"]) == list(exercise2.CURVE_BATCHES)
+
+
+def test_same_seed_same_answers(outputs):
+    again = exercise2.run(SMALL, master_seed=0)
+    assert json.dumps(again.answers, sort_keys=True) == json.dumps(outputs.answers, sort_keys=True)
+    pd.testing.assert_frame_equal(again.cap_sweep, outputs.cap_sweep)
+    pd.testing.assert_frame_equal(again.chunk_sweep, outputs.chunk_sweep)
