@@ -1,0 +1,279 @@
+"""Measure how long GPT-2's two serving calls take on this machine, over a grid of shapes.
+
+The serving engine and this profiler run the very same calls, so the cost model fitted on these
+numbers describes what the engine does:
+
+    prefill_call(model, input_ids, cache=None)            one prompt (or chunk), logits of its last token
+    decode_call(model, input_ids, cache, attention_mask, position_ids)
+                                                          one new token for each of B padded sequences
+    random_kv_cache(config, batch, context, generator)    a DynamicCache as B prefills of `context` tokens leave it
+
+Profiling:
+
+    run_profile(profile_cfg, model_cfg, seed, quick=False, threads=None, progress=True) -> Profile
+    Profile.write(points_csv, samples_csv, meta_json)      atomic writes
+
+`profile_cfg` and `model_cfg` are the `profile` and `model` sections of config.yaml. `quick` swaps in
+a 2-layer model and a tiny grid (QUICK_PROFILE) that run in seconds. Grid points, in kinds:
+
+    prefill         batch 1, prompt_len in profile.prefill_lengths, nothing cached
+    prefill_batch   batch in profile.prefill_batches, prompt_len BATCHED_PREFILL_LEN (informative only:
+                    the engine prefills one sequence per call)
+    prefill_cached  batch 1, a chunk of prompt_len tokens after `cached` tokens of the same prompt
+                    (profile_cfg["cached_prefill"] if given, else CACHED_PREFILL_POINTS)
+    decode          batch in profile.decode_batches, one token each, cached in profile.decode_contexts
+
+points CSV, one row per grid point:
+    point_id, order (position in the shuffled measuring order), kind, batch, prompt_len (new tokens per
+    sequence), cached (tokens per sequence already in the KV cache), median_s, p10_s, p90_s, mean_s,
+    min_s, n_repeats, flops, bytes (weights + KV read), floor_mem_s (bytes / probed bandwidth),
+    floor_compute_s (flops / probed GEMM rate), floor_s (the larger), bound, efficiency (floor_s/median_s),
+    cpu_share (CPU time the process got over threads x wall time while repeating: well below 1 means
+    other load competed for the cores and the point is slower than this machine alone would be)
+samples CSV, one row per timed call: point_id, kind, batch, prompt_len, cached, repeat, seconds
+meta JSON: machine, roofline probes, model, memory (param bytes, KV bytes per token measured and
+    expected, peak RSS), the settings used, load averages, cpu_share summary, and wall_time_s of the
+    whole profile.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import random
+import resource
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import psutil
+import torch
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from servingplan.io import write_csv, write_json
+from servingplan.profiling import machine
+from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, RANDOM_SOURCE, load_model
+
+BATCHED_PREFILL_LEN = 128
+# (chunk tokens, tokens of the same prompt already cached): enough spread in L*cached to fit p3.
+CACHED_PREFILL_POINTS = ((128, 256), (256, 256), (128, 512), (256, 512))
+KV_PROBE_TOKENS = 16
+FLOAT32_BYTES = 4
+
+QUICK_PROFILE = {
+    "warmup": 1, "min_repeats": 3, "max_repeats": 5, "point_budget_s": 0.05,
+    "prefill_lengths": [8, 16, 32, 64], "prefill_batches": [1, 2],
+    "decode_batches": [1, 2, 4], "decode_contexts": [8, 32], "cached_prefill": [(8, 16), (16, 16)],
+    "probe_bytes": 8 * 2**20, "gemm_size": 128,
+}
+
+
+@torch.inference_mode()
+def prefill_call(model, input_ids: torch.Tensor, cache: DynamicCache | None = None):
+    """Process prompt tokens [B, L] after whatever `cache` holds; the cache grows by L (a fresh one is
+    built when None, and returned as .past_key_values). Logits only for the last position."""
+    return model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+
+@torch.inference_mode()
+def decode_call(model, input_ids: torch.Tensor, cache: DynamicCache, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor):
+    """One decode step: input_ids [B, 1], cache holding the B sequences padded to one length T,
+    attention_mask [B, T+1] (0 on padding), position_ids [B, 1]. The cache grows by one token."""
+    return model(input_ids=input_ids, past_key_values=cache, attention_mask=attention_mask,
+                 position_ids=position_ids, use_cache=True)
+
+
+def random_kv_cache(config, batch: int, context: int, generator: torch.Generator | None = None) -> DynamicCache:
+    """A DynamicCache of `context` tokens per sequence, shaped as `batch` prefills leave it.
+
+    The values are random because they do not change the cost; one block is copied into every layer
+    and sequence since drawing gigabytes of normals would take longer than timing the point.
+    """
+    head_dim = config.n_embd // config.n_head
+    block = torch.randn(1, config.n_head, context, head_dim, generator=generator).expand(batch, -1, -1, -1)
+    layers = [(block.contiguous(), block.contiguous()) for _ in range(config.n_layer)]
+    return DynamicCache(layers, config=config)
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    kind: str
+    batch: int
+    prompt_len: int
+    cached: int
+
+
+def build_grid(settings: dict) -> list[GridPoint]:
+    grid = [GridPoint("prefill", 1, length, 0) for length in settings["prefill_lengths"]]
+    grid += [GridPoint("prefill_batch", batch, BATCHED_PREFILL_LEN, 0) for batch in settings["prefill_batches"]]
+    grid += [GridPoint("prefill_cached", 1, chunk, cached)
+             for chunk, cached in settings.get("cached_prefill", CACHED_PREFILL_POINTS)]
+    grid += [GridPoint("decode", batch, 1, context)
+             for batch in settings["decode_batches"] for context in settings["decode_contexts"]]
+    return grid
+
+
+def time_point(call, reset, warmup: int, min_repeats: int, max_repeats: int,
+               budget_s: float) -> tuple[list[float], float]:
+    """Seconds of each timed `call` (`reset` restores its inputs outside the timed region), and the
+    share of the threads' wall time this process got on a CPU while repeating: other load on the
+    machine shows as a share well below one."""
+    for _ in range(warmup):
+        call()
+        reset()
+    samples = []
+    cpu_started = time.process_time()
+    started = time.perf_counter()
+    while len(samples) < min_repeats or (len(samples) < max_repeats
+                                         and time.perf_counter() - started < budget_s):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+        reset()
+    cpu_share = (time.process_time() - cpu_started) / ((time.perf_counter() - started) * torch.get_num_threads())
+    return samples, cpu_share
+
+
+def point_runner(model, point: GridPoint, generator: torch.Generator):
+    """(call, reset) for one grid point; each call sees the same input shapes and cache length."""
+    config = model.config
+    input_ids = torch.randint(config.vocab_size, (point.batch, point.prompt_len), generator=generator)
+    if point.kind == "decode":
+        cache = random_kv_cache(config, point.batch, point.cached, generator)
+        attention_mask = torch.ones(point.batch, point.cached + 1, dtype=torch.long)
+        position_ids = torch.full((point.batch, 1), point.cached, dtype=torch.long)
+        # transformers 5.23 DynamicCache.crop takes minus the number of tokens to drop.
+        return (lambda: decode_call(model, input_ids, cache, attention_mask, position_ids),
+                lambda: cache.crop(-1))
+    if point.cached:
+        cache = random_kv_cache(config, point.batch, point.cached, generator)
+        return lambda: prefill_call(model, input_ids, cache), lambda: cache.crop(-point.prompt_len)
+    return lambda: prefill_call(model, input_ids), lambda: None
+
+
+def point_work(point: GridPoint, model_meta: dict, kv_bytes_per_token: float) -> tuple[float, float]:
+    """(FLOPs, bytes) the call cannot avoid: every weight read once plus the KV it attends over."""
+    batch, new, cached = point.batch, point.prompt_len, point.cached
+    n_layer, n_embd = model_meta["n_layer"], model_meta["n_embd"]
+    flops = (2.0 * model_meta["non_embedding_param_count"] * batch * new
+             + 4.0 * n_layer * n_embd * batch * new * (new + cached)
+             + 2.0 * n_embd * model_meta["vocab_size"] * batch)
+    bytes_read = model_meta["param_bytes"] + kv_bytes_per_token * batch * (cached + new)
+    return flops, bytes_read
+
+
+def measured_kv_bytes_per_token(model) -> float:
+    """KV bytes one token adds, read off the cache a real prefill builds."""
+    input_ids = torch.zeros(1, KV_PROBE_TOKENS, dtype=torch.long)
+    return cache_bytes(prefill_call(model, input_ids).past_key_values) / KV_PROBE_TOKENS
+
+
+def peak_rss_bytes() -> int:
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+@dataclass
+class Profile:
+    points: pd.DataFrame
+    samples: pd.DataFrame
+    meta: dict
+
+    def write(self, points_csv, samples_csv, meta_json) -> None:
+        write_csv(points_csv, self.points)
+        write_csv(samples_csv, self.samples)
+        write_json(meta_json, self.meta)
+
+
+def profile_settings(profile_cfg: dict, quick: bool) -> dict:
+    return {**profile_cfg, **QUICK_PROFILE} if quick else dict(profile_cfg)
+
+
+def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = False,
+                threads: int | None = None, progress: bool = True) -> Profile:
+    """Profile the model of `model_cfg` over the grid of `profile_cfg` (or the quick grid and tiny
+    random model). `threads` overrides profile_cfg["threads"]; 0/None there means all cores."""
+    started = time.perf_counter()
+    load_at_start = os.getloadavg()
+    if model_cfg.get("dtype", "float32") != "float32":
+        raise ValueError(f"model dtype {model_cfg['dtype']!r}: only float32 is supported")
+    settings = profile_settings(profile_cfg, quick)
+    threads = machine.configure_threads(threads or settings.get("threads"))
+    source = RANDOM_SOURCE if quick else model_cfg["source"]
+    model, model_meta = load_model(source, seed, QUICK_CONFIG_OVERRIDES if quick else None)
+    rss_after_load = psutil.Process().memory_info().rss
+    roofline = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"])
+    kv_bytes_per_token = measured_kv_bytes_per_token(model)
+
+    grid = build_grid(settings)
+    order = list(range(len(grid)))
+    # Measuring in a shuffled order turns slow drifts of the machine (other load, heat) into noise
+    # spread over the grid instead of a trend along one axis that the fit would mistake for cost.
+    random.Random(seed).shuffle(order)
+    generator = torch.Generator().manual_seed(seed)
+    rows, sample_rows = [], []
+    with torch.inference_mode(), tqdm(total=len(grid), desc="profile", unit="pt", file=sys.stderr,
+                                      disable=not progress) as bar:
+        for position, point_id in enumerate(order):
+            point = grid[point_id]
+            bar.set_postfix_str(f"{point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}")
+            gc.collect()
+            call, reset = point_runner(model, point, generator)
+            samples, cpu_share = time_point(call, reset, settings["warmup"], settings["min_repeats"],
+                                 settings["max_repeats"], settings["point_budget_s"])
+            del call, reset
+            rows.append({**_point_row(point_id, position, point, samples, model_meta, kv_bytes_per_token, roofline),
+                         "cpu_share": cpu_share})
+            sample_rows += [{"point_id": point_id, "kind": point.kind, "batch": point.batch,
+                             "prompt_len": point.prompt_len, "cached": point.cached,
+                             "repeat": repeat, "seconds": seconds} for repeat, seconds in enumerate(samples)]
+            bar.update()
+
+    points = pd.DataFrame(rows).sort_values("point_id", ignore_index=True)
+    samples_frame = pd.DataFrame(sample_rows).sort_values(["point_id", "repeat"], ignore_index=True)
+    expected_kv = 2 * model_meta["n_layer"] * model_meta["n_embd"] * FLOAT32_BYTES
+    meta = {
+        "machine": machine.describe_machine(threads),
+        "roofline": roofline,
+        "model": model_meta,
+        "memory": {
+            "param_bytes": model_meta["param_bytes"],
+            "kv_bytes_per_token": kv_bytes_per_token,
+            "kv_bytes_per_token_expected": expected_kv,
+            "rss_after_load_bytes": rss_after_load,
+            "peak_rss_bytes": peak_rss_bytes(),
+        },
+        "settings": {**settings, "quick": quick, "seed": seed, "threads": threads,
+                     "cached_prefill": [list(p) for p in settings.get("cached_prefill", CACHED_PREFILL_POINTS)],
+                     "batched_prefill_len": BATCHED_PREFILL_LEN},
+        "n_points": len(grid),
+        "load_average": {"start": load_at_start, "end": os.getloadavg()},
+        "cpu_share": {"min": float(points["cpu_share"].min()), "median": float(points["cpu_share"].median())},
+        "wall_time_s": time.perf_counter() - started,
+    }
+    return Profile(points, samples_frame, meta)
+
+
+def _point_row(point_id, position, point, samples, model_meta, kv_bytes_per_token, roofline) -> dict:
+    flops, bytes_read = point_work(point, model_meta, kv_bytes_per_token)
+    floor_mem = bytes_read / (roofline["bandwidth_gbs"] * 1e9)
+    floor_compute = flops / (roofline["gemm_gflops"] * 1e9)
+    median = float(np.median(samples))
+    return {
+        "point_id": point_id, "order": position, "kind": point.kind, "batch": point.batch,
+        "prompt_len": point.prompt_len, "cached": point.cached,
+        "median_s": median, "p10_s": float(np.percentile(samples, 10)), "p90_s": float(np.percentile(samples, 90)),
+        "mean_s": float(np.mean(samples)), "min_s": float(np.min(samples)), "n_repeats": len(samples),
+        "flops": flops, "bytes": bytes_read,
+        "floor_mem_s": floor_mem, "floor_compute_s": floor_compute, "floor_s": max(floor_mem, floor_compute),
+        "bound": "memory" if floor_mem >= floor_compute else "compute",
+        "efficiency": max(floor_mem, floor_compute) / median,
+    }

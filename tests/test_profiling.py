@@ -1,0 +1,142 @@
+"""Model loading, the shared prefill/decode calls, and the quick profile end to end."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from servingplan.profiling import machine
+from servingplan.profiling.measure import (
+    QUICK_PROFILE, build_grid, decode_call, prefill_call, profile_settings, random_kv_cache, run_profile,
+)
+from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
+
+PROFILE_CFG = {
+    "threads": 0, "warmup": 2, "min_repeats": 3, "max_repeats": 15, "point_budget_s": 3.0,
+    "prefill_lengths": [16, 512], "prefill_batches": [1, 2], "decode_batches": [1, 64],
+    "decode_contexts": [64, 768], "probe_bytes": 2**28, "gemm_size": 1024,
+}
+
+
+def tiny_model(seed=0):
+    return load_model("random", seed, QUICK_CONFIG_OVERRIDES)[0]
+
+
+def test_random_source_is_gpt2_small_in_float32_eval_mode():
+    model, meta = load_model("random", 0)
+    assert meta["param_count"] == 124_439_808
+    assert (meta["n_layer"], meta["n_head"], meta["n_embd"], meta["n_positions"]) == (12, 12, 768, 1024)
+    assert meta["random_weights"] and meta["source"] == "random"
+    assert meta["param_bytes"] == 4 * meta["param_count"]
+    assert not model.training
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_same_seed_gives_same_weights_and_another_seed_does_not():
+    first, second, other = tiny_model(3).state_dict(), tiny_model(3).state_dict(), tiny_model(4).state_dict()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    assert not torch.equal(first["transformer.h.0.attn.c_attn.weight"], other["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_local_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(7)
+    saved = GPT2LMHeadModel(GPT2Config(**QUICK_CONFIG_OVERRIDES)).eval()
+    saved.save_pretrained(tmp_path)
+    loaded, meta = load_model(str(tmp_path), seed=0)
+    assert not meta["random_weights"] and meta["source"] == str(tmp_path)
+    assert meta["n_layer"] == 2 and meta["n_embd"] == 64
+    expected = saved.state_dict()
+    assert expected.keys() == loaded.state_dict().keys()
+    assert all(torch.equal(expected[name], tensor) for name, tensor in loaded.state_dict().items())
+
+
+@pytest.mark.parametrize("make_source", [lambda tmp: tmp / "missing", lambda tmp: tmp])
+def test_bad_source_is_one_line_value_error(tmp_path, make_source):
+    with pytest.raises(ValueError) as err:
+        load_model(str(make_source(tmp_path)), seed=0)
+    assert "\n" not in str(err.value) and "checkpoint" in str(err.value)
+
+
+def test_chunked_prefill_through_the_cache_matches_one_prefill():
+    model = tiny_model()
+    prompt = torch.randint(model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    whole = prefill_call(model, prompt)
+    first_chunk = prefill_call(model, prompt[:, :16])
+    second_chunk = prefill_call(model, prompt[:, 16:], first_chunk.past_key_values)
+    assert whole.logits.shape == (1, 1, model.config.vocab_size)
+    assert second_chunk.past_key_values.get_seq_length() == 24
+    torch.testing.assert_close(second_chunk.logits, whole.logits, rtol=1e-4, atol=1e-5)
+
+
+def test_decode_after_prefill_matches_prefill_of_the_longer_prompt():
+    model = tiny_model()
+    prompts = torch.randint(model.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
+    cache = prefill_call(model, prompts[:, :8]).past_key_values
+    step = decode_call(model, prompts[:, 8:], cache, torch.ones(3, 9, dtype=torch.long),
+                       torch.full((3, 1), 8, dtype=torch.long))
+    torch.testing.assert_close(step.logits, prefill_call(model, prompts).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_random_cache_has_the_requested_shape_and_crop_restores_it_after_a_decode_step():
+    model = tiny_model()
+    cache = random_kv_cache(model.config, batch=3, context=5)
+    assert cache.layers[0].keys.shape == (3, 2, 5, 32)
+    decode_call(model, torch.zeros(3, 1, dtype=torch.long), cache, torch.ones(3, 6, dtype=torch.long),
+                torch.full((3, 1), 5, dtype=torch.long))
+    assert cache.get_seq_length() == 6
+    cache.crop(-1)
+    assert cache.get_seq_length() == 5
+
+
+def test_fingerprint_is_stable_and_depends_on_threads():
+    assert machine.fingerprint(2) == machine.fingerprint(2)
+    assert len(machine.fingerprint(2)) == 10
+    assert machine.fingerprint(1) != machine.fingerprint(3)
+    assert machine.fingerprint(0) == machine.fingerprint(machine.resolve_threads(0))
+
+
+@pytest.fixture(scope="module")
+def quick_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile")
+    profile = run_profile(PROFILE_CFG, {"source": "random", "dtype": "float32"}, seed=0, quick=True,
+                          progress=False)
+    paths = out / "points.csv", out / "samples.csv", out / "meta.json"
+    profile.write(*paths)
+    return [pd.read_csv(paths[0]), pd.read_csv(paths[1]), json.loads(paths[2].read_text())]
+
+
+def test_quick_profile_measures_every_grid_point_with_positive_times(quick_profile):
+    points, samples, meta = quick_profile
+    grid = build_grid(profile_settings(PROFILE_CFG, quick=True))
+    assert len(points) == len(grid)
+    assert set(zip(points.kind, points.batch, points.prompt_len, points.cached)) == {
+        (p.kind, p.batch, p.prompt_len, p.cached) for p in grid}
+    assert set(points.kind) == {"prefill", "prefill_batch", "prefill_cached", "decode"}
+    assert (points.median_s > 0).all() and (points.floor_s > 0).all() and (points.efficiency > 0).all()
+    assert (points.p10_s <= points.median_s).all() and (points.median_s <= points.p90_s).all()
+    assert points.n_repeats.between(QUICK_PROFILE["min_repeats"], QUICK_PROFILE["max_repeats"]).all()
+    assert sorted(points.order) == list(range(len(points)))
+    assert len(samples) == points.n_repeats.sum()
+    assert (samples.seconds > 0).all()
+    medians = samples.groupby("point_id").seconds.median()
+    assert medians.loc[points.point_id].to_numpy() == pytest.approx(points.median_s.to_numpy())
+
+
+def test_quick_profile_metadata(quick_profile):
+    meta = quick_profile[2]
+    assert meta["wall_time_s"] > 0 and meta["settings"]["quick"]
+    assert meta["model"]["n_layer"] == QUICK_CONFIG_OVERRIDES["n_layer"]
+    assert meta["roofline"]["bandwidth_gbs"] > 0 and meta["roofline"]["gemm_gflops"] > 0
+    assert meta["machine"]["fingerprint"] == machine.fingerprint(meta["machine"]["threads"])
+    assert meta["memory"]["peak_rss_bytes"] >= meta["memory"]["param_bytes"]
+
+
+def test_measured_kv_bytes_per_token_is_two_tensors_per_layer_in_float32(quick_profile):
+    memory = quick_profile[2]["memory"]
+    assert memory["kv_bytes_per_token"] == 2 * 2 * 64 * 4 == memory["kv_bytes_per_token_expected"]
+
+
+def test_only_float32_is_profiled():
+    with pytest.raises(ValueError, match="float32"):
+        run_profile(PROFILE_CFG, {"source": "random", "dtype": "bfloat16"}, seed=0, quick=True, progress=False)
