@@ -81,7 +81,7 @@ class BlockManager:
         self.used = 0
 
     def blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block_size)
+        return -(-tokens // self.block_size)
 
     @property
     def free(self) -> float:
@@ -92,10 +92,10 @@ class BlockManager:
 
     def grow(self, seq: Seq, tokens: int) -> bool:
         """Make room for `tokens` KV entries of `seq`; False if the cache is full."""
-        need = self.blocks_for(tokens) - seq.blocks
+        need = -(-tokens // self.block_size) - seq.blocks
         if need <= 0:
             return True
-        if need > self.free:
+        if self.total is not None and need > self.total - self.used:
             return False
         seq.blocks += need
         self.used += need
@@ -180,19 +180,20 @@ class Scheduler:
 
     def _reserve_decodes(self, step: Step, seqs) -> list:
         """Grow each decoding sequence by one KV entry, preempting the newest running ones if full."""
-        ready = []
-        for seq in [s for s in seqs if not s.prefilling]:
-            if seq not in self.running:
+        # The hot path of every simulation, so Seq's properties are spelled out (a call costs more
+        # than the arithmetic) and only sequences whose blocks are full go through grow().
+        block_size = self.kv.block_size
+        ready = [s for s in seqs if s.prefilled >= s.prefill_target]
+        for seq in [s for s in ready if s.prompt_len + s.generated > s.blocks * block_size]:
+            if seq.prefilled < seq.prefill_target:   # preempted earlier in this loop
                 continue
-            while not self.kv.grow(seq, seq.decode_context):
+            while not self.kv.grow(seq, seq.prompt_len + seq.generated):
                 victim = self.running[-1]
                 self._preempt(victim, step)
                 if victim in ready:
                     ready.remove(victim)
                 if victim is seq:
                     break
-            else:
-                ready.append(seq)
         return ready
 
     def _preempt(self, seq: Seq, step: Step) -> None:
@@ -220,27 +221,32 @@ class Scheduler:
     def _schedule_chunked(self, step: Step) -> None:
         step.decodes = self._reserve_decodes(step, list(self.running))
         budget = self.chunk_size
-        for seq in self.running:
-            if seq.prefilling and budget > 0:
-                n = min(seq.prefill_target - seq.prefilled, budget)
-                step.prefills.append((seq, n))
-                budget -= n
+        for seq in [s for s in self.running if s.prefilled < s.prefill_target]:
+            if budget <= 0:
+                break
+            n = min(seq.prefill_target - seq.prefilled, budget)
+            step.prefills.append((seq, n))
+            budget -= n
         self._admit(step, budget)
 
     # -- applying a finished step ------------------------------------------------------------------
     def complete(self, step: Step) -> tuple[list, list]:
         """Apply an executed step. Returns (sequences that emitted a token, sequences that finished)."""
-        emitted = []
+        emitted, finished = [], []
         for seq, n in step.prefills:
             seq.prefilled += n
             seq.admitted_once = True
             if not seq.prefilling:
                 seq.generated += 1
                 emitted.append(seq)
+                if seq.finished:
+                    finished.append(seq)
+        # hot loop: Seq.finished spelled out
         for seq in step.decodes:
             seq.generated += 1
-            emitted.append(seq)
-        finished = [s for s in emitted if s.finished]
+            if seq.generated >= seq.output_len:
+                finished.append(seq)
+        emitted += step.decodes
         for seq in finished:
             self.running.remove(seq)
             self.kv.release(seq)
@@ -268,7 +274,10 @@ class Scheduler:
 
     def repeat_decodes(self, step: Step, extra: int) -> None:
         """Apply `extra` decode steps of `step` before the final one that `complete` applies."""
+        block_size = self.kv.block_size
         for seq in step.decodes:
             seq.generated += extra
-            grown = self.kv.grow(seq, seq.decode_context)
-            assert grown, "repeat_decodes past the KV cache; call repeatable() first"
+            context = seq.prompt_len + seq.generated
+            if context > seq.blocks * block_size:
+                grown = self.kv.grow(seq, context)
+                assert grown, "repeat_decodes past the KV cache; call repeatable() first"

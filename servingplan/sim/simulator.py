@@ -135,36 +135,55 @@ class Replica:
         sched, tl = self.sched, self.timeline
         step = sched.schedule()
         self.events += 1
-        if step.empty:
+        prefills, decodes = step.prefills, step.decodes
+        if not prefills and not decodes:
             return False
         for seq in step.admitted:
             if math.isnan(tl.scheduled[seq.id]):
                 tl.scheduled[seq.id] = self.t
 
-        batch = len(step.decodes)
-        ctx = [s.decode_context for s in step.decodes]
-        d0 = self.cost.step_time(batch, sum(ctx), step.prefill_calls(), max(ctx, default=0))
+        batch = len(decodes)
+        if batch:
+            # Seq.decode_context spelled out: this runs for every sequence of every step
+            ctx = [s.prompt_len + s.generated for s in decodes]
+            ctx_sum, ctx_max = sum(ctx), max(ctx)
+        else:
+            ctx_sum = ctx_max = 0
+        d0 = self.cost.step_time(batch, ctx_sum, step.prefill_calls() if prefills else (), ctx_max)
         k, dd = 1, 0.0
-        if batch and not step.prefills:
+        if batch and not prefills:
             dd = self.cost.decode_per_ctx_token_s * batch
-            limit = min(s.output_len - s.generated for s in step.decodes)
+            limit = min([s.output_len - s.generated for s in decodes])
             if math.isfinite(next_arrival) and sched.admits_arrivals():
                 limit = min(limit, steps_to_reach(next_arrival - self.t, d0, dd))
             k = sched.repeatable(step, limit)
             if k > 1:
                 sched.repeat_decodes(step, k - 1)
 
-        self.peak_running = max(self.peak_running, len(sched.running))
-        self.peak_blocks = max(self.peak_blocks, sched.kv.used)
-        self.peak_tokens = max(self.peak_tokens, sum(s.kv_tokens for s in sched.running))
+        running = sched.running
+        if len(running) > self.peak_running:
+            self.peak_running = len(running)
+        if sched.kv.used > self.peak_blocks:
+            self.peak_blocks = sched.kv.used
+        if not prefills and len(running) == batch:
+            # everyone decodes, k - 1 steps in: each cache holds its context + k - 2 entries
+            kv_tokens = ctx_sum + batch * (k - 2)
+        else:
+            # Seq.kv_tokens spelled out
+            kv_tokens = sum([s.prefilled if s.prefilled < s.prefill_target else s.prompt_len + s.generated - 1
+                             for s in running])
+        if kv_tokens > self.peak_tokens:
+            self.peak_tokens = kv_tokens
         start = self.t
         self.t += k * d0 + dd * k * (k - 1) / 2
         self.steps += k
         emitted, finished = sched.complete(step)
-        for seq in emitted:
-            if math.isnan(tl.first[seq.id]):
+        # a first token only ever comes from a prefill
+        for seq, _ in prefills:
+            if seq.generated and math.isnan(tl.first[seq.id]):
                 tl.first[seq.id] = self.t
-            if tl.spans is not None:
+        if tl.spans is not None:
+            for seq in emitted:
                 tl.spans[seq.id].append((start, k, d0, dd))
         for seq in finished:
             tl.done[seq.id] = self.t
@@ -183,14 +202,14 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
     horizon = max(horizon_factor * trace.duration_s, trace.duration_s + 60.0)
     rejected = np.zeros(n, dtype=bool)
     q_times, q_waiting = [], []
-    for i in range(n):
-        if arrivals[i] > horizon:
+    for i, arrival in enumerate(arrivals.tolist()):
+        if arrival > horizon:
             break
         for replica in replicas:
-            replica.advance(arrivals[i], horizon)
+            replica.advance(arrival, horizon)
         target = replicas[route(replicas, seqs[i])]
         rejected[i] = not target.add(seqs[i])
-        q_times.append(arrivals[i])
+        q_times.append(arrival)
         q_waiting.append(sum(len(r.sched.waiting) for r in replicas))
     for replica in replicas:
         replica.advance(math.inf, horizon)
