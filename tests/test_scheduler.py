@@ -133,7 +133,7 @@ def test_block_manager_counts_blocks():
 
 def test_a_request_that_can_never_fit_is_refused():
     sched = Scheduler("continuous", 4, kv=BlockManager(2, block_size=4))
-    assert not sched.add(Seq(0, 6, 3))
+    assert not sched.add(Seq(0, 6, 4))      # 9 KV entries > 2 blocks of 4
     assert sched.rejected and sched.idle
 
 
@@ -175,3 +175,14 @@ def test_invariants_hold_at_every_step(policy, cap, kv_blocks, chunk, jobs):
             assert s.blocks >= sched.kv.blocks_for(s.kv_tokens)
     assert sched.idle
     assert sorted(finished_ids) == sorted(accepted)
+
+
+def test_a_request_that_exactly_fills_the_cache_is_served():
+    # the last token's KV entry is never written, so prompt 8 + 9 replies needs 16 entries: one block
+    sched = Scheduler("continuous", 1, kv=BlockManager(1, block_size=16))
+    seq = Seq(0, 8, 9)
+    assert sched.add(seq)
+    while not sched.idle:
+        run_step(sched)
+        assert sched.kv.used <= 1
+    assert seq.generated == 9 and seq.preemptions == 0

@@ -138,7 +138,8 @@ class Scheduler:
     # -- queue -------------------------------------------------------------------------------------
     def add(self, seq: Seq) -> bool:
         """Queue a request; refuse (False) one that could never fit in the whole KV cache."""
-        if not self.kv.fits(seq.prompt_len + seq.output_len):
+        # the last reply token's KV entry is never written: no decode step follows it
+        if not self.kv.fits(seq.prompt_len + seq.output_len - 1):
             self.rejected.append(seq)
             return False
         self.waiting.append(seq)
