@@ -100,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", default="exercise2",
                    help=f"preset ({', '.join(costmodel.PRESETS)}) or cost-model JSON (default exercise2)")
     p.add_argument("--chunk-size", type=positive_int, default=512, help="prompt tokens per step, chunked policy")
-    p.add_argument("--seeds", type=seed_list, default=list(range(3)),
-                   help="number of seeds (N means 0..N-1) or a comma-separated list of seeds (default 3)")
+    p.add_argument("--seeds", type=seed_list, default=list(range(5)),
+                   help="number of seeds (N means 0..N-1) or a comma-separated list of seeds (default 5)")
     p.add_argument("--num-requests", type=positive_int, help="requests per trace (default: the workload's)")
     p.add_argument("--slo-ttft-ms", type=positive_float, help="TTFT bound, ms")
     p.add_argument("--slo-ttft-pct", type=percentile_value, default=95.0, help="TTFT percentile (default 95)")
@@ -194,6 +194,7 @@ def run_cells(args, cost, traces, slo) -> list[dict]:
                 for key in ("goodput_rps", "attainment", "throughput_tok_s", "preemptions"):
                     row[key] = agg[f"{key}_mean"]
                 row["goodput_rps_std"] = agg["goodput_rps_std"]
+                row["peak_running"] = int(agg["peak_running_max"])
                 rows.append(row)
     return rows
 
@@ -220,7 +221,8 @@ def format_table(rows: list[dict], slo: SLO) -> str:
                 ("goodput_std", lambda r: _fmt(r["goodput_rps_std"], 2) if r["seeds"] > 1 else "-"),
                 ("attain", lambda r: f"{100 * r['attainment']:.1f}%"),
                 ("slo_holds", lambda r: f"{round(r['slo_holds_share'] * r['seeds'])}/{r['seeds']}"),
-                ("preempt", lambda r: _fmt(r["preemptions"], 0))]
+                ("preempt", lambda r: _fmt(r["preemptions"], 0)),
+                ("peak_run", lambda r: str(r["peak_running"]))]
     cells = [[name for name, _ in columns]] + [[get(r) for _, get in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
@@ -228,7 +230,8 @@ def format_table(rows: list[dict], slo: SLO) -> str:
     lines.insert(1, "-" * len(lines[0]))
     lines.append("")
     lines.append(f"SLO: {describe_slo(slo)}. Latencies and goodput are means over seeds; "
-                 "inf = the percentile falls among unfinished requests.")
+                 "inf = the percentile falls among unfinished requests; peak_run = most sequences "
+                 "running at once (any seed).")
     if rows:
         best = max(rows, key=lambda r: r["goodput_rps"] or 0.0)
         lines.append(f"Highest goodput: {best['policy']} cap {best['max_num_seqs']} at rate {best['rate']:g} "
