@@ -7,6 +7,8 @@ every gap between consecutive tokens. Percentiles use numpy's linear interpolati
 A request that did not finish (the run hit its horizon, or it could never fit in the KV cache)
 is not good, and its TTFT / TPOT / E2E count as infinite: a percentile that falls among such
 requests is infinite, reported as None, never as a large finite number that looks like a latency.
+ITL percentiles pool the gaps that were observed; a truncated run (flagged `truncated`) never
+observed the gaps of its unfinished requests, so there they are a lower bound.
 """
 from __future__ import annotations
 
@@ -169,7 +171,11 @@ def _latency_stats(prefix: str, values_s: np.ndarray) -> dict:
 
 def summarize(result: SimResult, slo: SLO | None = None) -> dict:
     """Flat, JSON-friendly summary of one run: latency statistics in ms (None = infinite or
-    undefined), throughput, goodput and SLO attainment, and the run's stability facts."""
+    undefined), throughput, goodput and SLO attainment, and the run's stability facts.
+
+    As in vLLM, throughput counts the output tokens of finished requests, and throughput and goodput
+    divide by the run's duration, from the first arrival to the last completion (or to the end of
+    a truncated run). With no SLO every finished request is good."""
     frame = per_request(result)
     n = len(frame)
     finished = frame["finished"].to_numpy()
