@@ -15,11 +15,13 @@ from servingplan.sim import POLICIES, BlockManager, Scheduler, Seq, simulate
 from servingplan.sim.simulator import steps_to_reach
 
 
-def reference_token_times(trace, cost, policy, cap, chunk_size=512, kv_blocks=None, block_size=16):
-    """Step-by-step replay with no fast-forward: the emission times of every request's tokens."""
+def reference_replay(trace, cost, policy, cap, chunk_size=512, kv_blocks=None, block_size=16):
+    """Step-by-step replay with no fast-forward: the emission times of every request's tokens, and
+    the peaks (running sequences, KV blocks, KV tokens) seen at the start of a step."""
     sched = Scheduler(policy, cap, chunk_size, BlockManager(kv_blocks, block_size))
     seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
     times = [[] for _ in seqs]
+    peaks = {"running": 0, "blocks": 0, "tokens": 0}
     t, nxt = 0.0, 0
     while True:
         while nxt < len(seqs) and trace.arrival_s[nxt] <= t:
@@ -28,9 +30,12 @@ def reference_token_times(trace, cost, policy, cap, chunk_size=512, kv_blocks=No
         step = sched.schedule()
         if step.empty:
             if nxt == len(seqs):
-                return times
+                return times, peaks
             t = max(t, trace.arrival_s[nxt])
             continue
+        for key, now in (("running", len(sched.running)), ("blocks", sched.kv.used),
+                         ("tokens", sum(s.kv_tokens for s in sched.running))):
+            peaks[key] = max(peaks[key], now)
         ctx = [s.decode_context for s in step.decodes]
         t += cost.step_time(len(ctx), sum(ctx), step.prefill_calls(), max(ctx, default=0))
         emitted, _ = sched.complete(step)
@@ -71,9 +76,10 @@ def test_every_request_finishes_once_and_tokens_add_up(trace, policy, cap, chunk
        chunk=st.sampled_from([16, 512]), kv_blocks=st.sampled_from([None, 30, 60]))
 def test_fast_forward_matches_step_by_step(trace, policy, cap, chunk, kv_blocks):
     r = simulate(trace, GROWING, policy, cap, chunk, kv_blocks=kv_blocks, record_tokens=True)
-    expected = reference_token_times(trace, GROWING, policy, cap, chunk, kv_blocks)
+    expected, peaks = reference_replay(trace, GROWING, policy, cap, chunk, kv_blocks)
     for i in range(len(trace)):
         assert r.token_times(i) == pytest.approx(np.array(expected[i]), rel=1e-12, abs=1e-9)
+    assert (r.peak_running, r.peak_kv_blocks, r.peak_kv_tokens) == (peaks["running"], peaks["blocks"], peaks["tokens"])
 
 
 def test_run_ends_at_the_last_completion():

@@ -167,13 +167,11 @@ class Replica:
             self.peak_blocks = sched.kv.used
         if not prefills and len(running) == batch:
             # everyone decodes, k - 1 steps in: each cache holds its context + k - 2 entries
-            kv_tokens = ctx_sum + batch * (k - 2)
-        else:
-            # Seq.kv_tokens spelled out
-            kv_tokens = sum([s.prefilled if s.prefilled < s.prefill_target else s.prompt_len + s.generated - 1
-                             for s in running])
-        if kv_tokens > self.peak_tokens:
-            self.peak_tokens = kv_tokens
+            self.peak_tokens = max(self.peak_tokens, ctx_sum + batch * (k - 2))
+        elif sched.kv.used * sched.kv.block_size > self.peak_tokens:
+            # counted only when the allocated blocks could hold a new peak; Seq.kv_tokens spelled out
+            self.peak_tokens = max(self.peak_tokens, sum([
+                s.prefilled if s.prefilled < s.prefill_target else s.prompt_len + s.generated - 1 for s in running]))
         start = self.t
         self.t += k * d0 + dd * k * (k - 1) / 2
         self.steps += k
