@@ -110,6 +110,12 @@ def load_trace_csv(path) -> Trace:
     missing = {"arrival_s", "prompt_tokens", "output_tokens"} - set(frame.columns)
     if missing:
         raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
+    for column in ("prompt_tokens", "output_tokens"):
+        if (frame[column] < 1).any():
+            bad = int(frame.loc[frame[column] < 1, column].iloc[0])
+            raise ValueError(f"trace {path}: {column} = {bad}: every request needs at least 1")
+    if (frame["arrival_s"] < 0).any():
+        raise ValueError(f"trace {path}: arrival_s must be >= 0")
     frame = frame.sort_values("arrival_s", kind="stable")
     return Trace(frame["arrival_s"].to_numpy(float), frame["prompt_tokens"].to_numpy(np.int64),
                  frame["output_tokens"].to_numpy(np.int64))

@@ -109,3 +109,13 @@ def test_clipped_lognormal_hits_its_mean():
     spec = {"dist": "lognormal", "mean": 80.2, "sigma": 0.8, "min": 8, "max": 256}
     assert workload.expected_length(spec) == pytest.approx(80.2, rel=0.01)
     assert workload.expected_length({"dist": "constant", "value": 42}) == 42
+
+
+@pytest.mark.parametrize("column", ["prompt_tokens", "output_tokens"])
+def test_trace_csv_refuses_zero_token_requests(tmp_path, column):
+    frame = workload.pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 20], "output_tokens": [5, 6]})
+    frame.loc[1, column] = 0
+    path = tmp_path / "trace.csv"
+    frame.to_csv(path, index=False)
+    with pytest.raises(ValueError, match=f"{column} = 0"):
+        workload.load_trace_csv(path)
