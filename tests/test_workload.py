@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -113,7 +114,7 @@ def test_clipped_lognormal_hits_its_mean():
 
 @pytest.mark.parametrize("column", ["prompt_tokens", "output_tokens"])
 def test_trace_csv_refuses_zero_token_requests(tmp_path, column):
-    frame = workload.pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 20], "output_tokens": [5, 6]})
+    frame = pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 20], "output_tokens": [5, 6]})
     frame.loc[1, column] = 0
     path = tmp_path / "trace.csv"
     frame.to_csv(path, index=False)
