@@ -1,0 +1,250 @@
+"""The quick pipeline gives the same results run locally and run through SLURM.
+
+Needs a SLURM cluster that answers (`sudo bash .ci/slurm-up.sh` starts a one-node one on
+this machine) and snakemake-executor-plugin-slurm (requirements-cluster.txt); skipped
+otherwise. The repository's working tree is copied twice into a temp dir; the quick
+pipeline runs in one copy locally, then in the other through profiles/slurm, after the
+local run's hardware-profile outputs were copied in (profiling is a local rule and its
+timings differ run to run, so only the downstream jobs run, as SLURM jobs). Then every
+deterministic CSV/JSON file under results/ must be byte-identical.
+
+Run it alone with:  .venv/bin/python -m pytest -m slurm tests/test_slurm.py -v -s
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from yaml import safe_load as load_yaml
+
+pytestmark = pytest.mark.slurm
+
+# --- what is run -------------------------------------------------------------------------
+SOURCE_DIR = Path(__file__).resolve().parents[1]  # the repository whose working tree is copied
+QUICK_CONFIG = "config/quick.yaml"  # the quick config, relative to the repository root
+TARGETS: list[str] = []  # empty: the Snakefile's default rule (`all`)
+SLURM_PROFILE = "profiles/slurm"  # workflow profile of the SLURM run, relative to the root
+LOCAL_CORES = 2
+LOCAL_TIMEOUT_S = 1800
+SLURM_TIMEOUT_S = 2400
+
+# Outputs of the local profiling rule(s), relative to the run directory (glob patterns):
+# copied from the local run into the SLURM run before it starts, so both runs fit the
+# same measurements and SLURM runs only what comes after.
+PROFILE_OUTPUTS = ("results/profile/**/*",)
+
+# The sweep: one job per (policy, cap) cell of the quick config, each must be a SLURM job.
+SWEEP_RULE = "sweep_cell"
+# Local rules (`localrules:`): they measure or render on the submit host, never SLURM jobs.
+LOCAL_RULES = ("profile", "validate", "report")
+
+# Compared byte for byte: these suffixes under results/ ...
+COMPARED_SUFFIXES = (".csv", ".json")
+# ... except paths with a component or name part naming run-dependent content, which
+# differs from run to run: measured timings (profiles, benchmarks, the real-engine
+# validation replay), logs, and provenance (when and where a report was made).
+NONDETERMINISTIC_WORDS = (
+    "timing", "timings", "profile", "profiles", "profiling",
+    "benchmark", "benchmarks", "validation", "log", "logs", "provenance",
+)
+_NONDETERMINISTIC = re.compile(
+    r"(?:^|[/_.-])(?:" + "|".join(NONDETERMINISTIC_WORDS) + r")(?:[/_.-]|$)", re.IGNORECASE
+)
+
+# Line the plugin logs for each submitted job, e.g.
+# "Job 2 has been submitted with SLURM jobid 3 (log: /x/.snakemake/slurm_logs/rule_sweep/1/3.log)."
+_SUBMITTED = re.compile(
+    r"has been submitted with SLURM jobid (\d+) \(log: (.*?/slurm_logs/(?:rule|group)_([^/]+)/.*?)\)"
+)
+
+
+# --- skips ---------------------------------------------------------------------------------
+def _cluster_skip_reason() -> str | None:
+    if shutil.which("sinfo") is None:
+        return "sinfo not found: no SLURM client here (sudo bash .ci/slurm-up.sh starts one)"
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10
+        )
+    except subprocess.TimeoutExpired:
+        return "SLURM cluster does not answer: `sinfo` timed out"
+    if out.returncode != 0:
+        return f"SLURM cluster does not answer: {(out.stderr or out.stdout).strip()[:200]}"
+    states = out.stdout.split()
+    if not any(s.rstrip("*~#") in ("idle", "mixed", "allocated", "completing") for s in states):
+        return f"SLURM cluster has no usable node (sinfo states: {states or 'none'})"
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        return "snakemake-executor-plugin-slurm is not installed (pip install -r requirements-cluster.txt)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    reason = _cluster_skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+# --- helpers -------------------------------------------------------------------------------
+def _copy_working_tree(src: Path, dst: Path) -> None:
+    """Copy tracked and untracked-but-not-ignored files (no .venv, results/, .snakemake/)."""
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=src, capture_output=True, text=True,
+    )
+    if listing.returncode == 0:
+        for rel in filter(None, listing.stdout.split("\0")):
+            s = src / rel
+            if s.is_file():  # deleted-but-tracked files are skipped
+                (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(s, dst / rel)
+    else:  # not a git checkout
+        shutil.copytree(
+            src, dst, dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns(".git", ".venv", "results", ".snakemake", "__pycache__"),
+        )
+
+
+def _env(run_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    # jobs started by SLURM inherit this environment (sbatch --export=ALL): they find the
+    # same venv, and import the package from the copy they run in
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(run_dir), env.get("PYTHONPATH")]))
+    return env
+
+
+def _snakemake(run_dir: Path, args: list[str], timeout: int) -> float:
+    # targets before --configfile, which takes several values
+    cmd = [sys.executable, "-m", "snakemake", *args, *TARGETS, "--configfile", QUICK_CONFIG]
+    start = time.monotonic()
+    proc = subprocess.run(
+        cmd, cwd=run_dir, env=_env(run_dir), capture_output=True, text=True, timeout=timeout
+    )
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        slurm_logs = sorted((run_dir / ".snakemake" / "slurm_logs").rglob("*.log"))
+        tails = "".join(
+            f"\n--- {p.relative_to(run_dir)}\n" + p.read_text(errors="replace")[-2000:]
+            for p in slurm_logs[-3:]
+        )
+        pytest.fail(
+            f"{' '.join(cmd)} (in {run_dir}) exited {proc.returncode} after {wall:.0f}s\n"
+            f"--- stderr (tail)\n{proc.stderr[-6000:]}{tails}"
+        )
+    return wall
+
+
+def _profile_files(run_dir: Path) -> list[Path]:
+    found: set[Path] = set()
+    for pattern in PROFILE_OUTPUTS:
+        found.update(p for p in run_dir.glob(pattern) if p.is_file())
+    return sorted(p.relative_to(run_dir) for p in found)
+
+
+def _compared_files(run_dir: Path) -> set[str]:
+    results = run_dir / "results"
+    return {
+        rel
+        for p in results.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in COMPARED_SUFFIXES
+        and not _NONDETERMINISTIC.search(rel := p.relative_to(run_dir).as_posix())
+    }
+
+
+def _submitted_jobs(run_dir: Path) -> dict[str, tuple[str, Path]]:
+    """SLURM job id -> (rule, slurm log path), from the main snakemake logs of the run."""
+    jobs: dict[str, tuple[str, Path]] = {}
+    for log in sorted((run_dir / ".snakemake" / "log").glob("*.snakemake.log")):
+        for m in _SUBMITTED.finditer(log.read_text(errors="replace")):
+            jobs[m.group(1)] = (m.group(3), Path(m.group(2)))
+    return jobs
+
+
+def _slurm_state(jobid: str) -> str:
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", jobid], capture_output=True, text=True, timeout=10
+    )
+    m = re.search(r"\bJobState=(\S+)", out.stdout)
+    return m.group(1) if m else f"unknown ({(out.stderr or out.stdout).strip()[:100]})"
+
+
+# --- the test ------------------------------------------------------------------------------
+def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, tmp_path: Path) -> None:
+    if not (SOURCE_DIR / "Snakefile").is_file() and not (SOURCE_DIR / "workflow" / "Snakefile").is_file():
+        pytest.skip(f"no Snakefile in {SOURCE_DIR} yet: nothing to run")
+    assert (SOURCE_DIR / QUICK_CONFIG).is_file(), (
+        f"{QUICK_CONFIG} not found in {SOURCE_DIR}: QUICK_CONFIG in {Path(__file__).name} "
+        "must name the quick pipeline's config"
+    )
+
+    local_dir, slurm_dir = tmp_path / "local", tmp_path / "slurm"
+    for d in (local_dir, slurm_dir):
+        d.mkdir()
+        _copy_working_tree(SOURCE_DIR, d)
+
+    # 1. locally
+    local_wall = _snakemake(local_dir, ["--cores", str(LOCAL_CORES)], LOCAL_TIMEOUT_S)
+
+    # 2. through SLURM, reusing the local hardware profile
+    profile_files = _profile_files(local_dir)
+    assert profile_files, f"the local run wrote nothing matching {PROFILE_OUTPUTS}"
+    for rel in profile_files:
+        (slurm_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(local_dir / rel, slurm_dir / rel)  # keeps the mtimes: newer than the sources
+    slurm_wall = _snakemake(
+        slurm_dir,
+        ["--workflow-profile", str(slurm_dir / SLURM_PROFILE)],
+        SLURM_TIMEOUT_S,
+    )
+
+    # 3. jobs ran as SLURM jobs
+    jobs = _submitted_jobs(slurm_dir)
+    by_rule: dict[str, int] = {}
+    for rule, _ in jobs.values():
+        by_rule[rule] = by_rule.get(rule, 0) + 1
+    print(
+        f"\nlocal run {local_wall:.1f}s; SLURM run {slurm_wall:.1f}s with {len(jobs)} SLURM jobs "
+        f"{dict(sorted(by_rule.items()))}"
+    )
+    sweep = load_yaml((SOURCE_DIR / QUICK_CONFIG).read_text())["sweep"]
+    cells = len(sweep["policies"]) * len(sweep["caps"])
+    assert by_rule.get(SWEEP_RULE, 0) == cells, (
+        f"expected {cells} SLURM jobs of rule {SWEEP_RULE} (one per sweep cell of "
+        f"{QUICK_CONFIG}), got jobs per rule {by_rule}"
+    )
+    local_submitted = sorted(set(by_rule) & set(LOCAL_RULES))
+    assert not local_submitted, f"local rules submitted to SLURM: {local_submitted}"
+    not_completed = {j: s for j in jobs if (s := _slurm_state(j)) != "COMPLETED"}
+    assert not not_completed, f"SLURM jobs not COMPLETED: {not_completed}"
+    missing_logs = [str(p) for _, p in jobs.values() if not p.is_file()]
+    assert not missing_logs, f"SLURM job logs missing (slurm-keep-successful-logs?): {missing_logs}"
+
+    # 4. the profile was reused, not re-measured
+    changed = [
+        str(rel) for rel in profile_files
+        if (slurm_dir / rel).read_bytes() != (local_dir / rel).read_bytes()
+    ]
+    assert not changed, f"the SLURM run re-made the copied profile outputs: {changed}"
+
+    # 5. same deterministic results
+    local_files, slurm_files = _compared_files(local_dir), _compared_files(slurm_dir)
+    assert local_files, f"no {COMPARED_SUFFIXES} files compared under {local_dir / 'results'}"
+    assert local_files == slurm_files, (
+        f"only in the local run: {sorted(local_files - slurm_files)}; "
+        f"only in the SLURM run: {sorted(slurm_files - local_files)}"
+    )
+    differ = sorted(
+        rel for rel in local_files
+        if (local_dir / rel).read_bytes() != (slurm_dir / rel).read_bytes()
+    )
+    assert not differ, f"differ between the local and the SLURM run: {differ}"
