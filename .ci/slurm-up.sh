@@ -62,6 +62,11 @@ if recorded_alive slurmctld && recorded_alive slurmd; then
     esac
 fi
 
+# a slurm.conf that is not ours: leave it, and start nothing
+if [ -e "$CONF" ] && ! grep -qxF "$MARKER" "$CONF"; then
+    die "$CONF exists and was not written by this script; refusing to overwrite it"
+fi
+
 # --- 2. munge -------------------------------------------------------------------------
 munge_ok() { timeout 10 munge -n </dev/null 2>/dev/null | timeout 10 unmunge >/dev/null 2>&1; }
 if munge_ok; then
@@ -89,9 +94,6 @@ else
 fi
 
 # --- 3. slurm.conf ----------------------------------------------------------------------
-if [ -e "$CONF" ] && ! grep -qxF "$MARKER" "$CONF"; then
-    die "$CONF exists and was not written by this script; refusing to overwrite it"
-fi
 # Hardware line as slurmd itself detects it, memory trimmed 5% so the node is never
 # drained for "Low RealMemory" when the kernel reports a little less later.
 HW=$(slurmd -C 2>/dev/null | head -n1) || true
