@@ -1,0 +1,706 @@
+"""Render the capstone report from the files of one pipeline run.
+
+    write_report(inputs, config, config_hash, machine_fingerprint, html_path, md_path, provenance_path,
+                 log_dir) -> None
+
+`inputs` maps the report rule's input names (machine, profile, fit_report, ...) to paths, or to lists
+of paths (fleet: the planner's fleet cells); the three validation files and the fleet cells are
+optional. Every number the report shows is read from those files, from the run's config, or computed
+here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
+source's own workload figures (SOURCE_WORKLOAD), the reference the calibration is checked against.
+The templates hold the words and the conditionals that choose them, never a number.
+
+The HTML is self-contained (figures as base64 PNG, inline CSS and JS) and lets the reader change
+the price per hour; the Markdown links PNG files written beside it. Both are byte-identical for
+the same inputs except the provenance date and wall time.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import math
+import platform
+import re
+import subprocess
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Mapping
+
+import jinja2
+from markupsafe import Markup
+import numpy as np
+import pandas as pd
+
+from servingplan import cost as costs
+from servingplan.costmodel import CostModel
+from servingplan.io import atomic_path, read_json, write_json, write_text
+from servingplan.pipeline import stage_times
+from servingplan.report import figures
+from servingplan.workload import expected_length, generate
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "reports" / "templates"
+REPO_DIR = Path(__file__).resolve().parents[2]
+HTML_TEMPLATE = "report.html.j2"
+MD_TEMPLATE = "report.md.j2"
+FIGURE_DIR_NAME = "figures"
+MAX_DECIMALS = 6
+REQUIRED_INPUTS = ("machine", "profile", "fit_report", "predicted", "costmodel", "latency", "capacity", "memory",
+                   "memory_summary", "recommendation", "exercise2", "ex2_caps", "ex2_chunks", "ex2_curve")
+VALIDATION_INPUTS = ("validation", "validation_requests", "validation_meta")
+
+# What the capstone's source document states about its workload. They are the reference the run's
+# calibration is checked against, not results, so they cannot come from the run itself.
+SOURCE_WORKLOAD = {"requests": 600, "total_output_tokens": 48_136, "output_tokens_per_s": 473}
+
+
+@dataclass(frozen=True)
+class Validation:
+    comparison: pd.DataFrame
+    requests: pd.DataFrame
+    meta: dict
+
+
+@dataclass(frozen=True)
+class RunResults:
+    machine: dict
+    profile: pd.DataFrame
+    fit_report: dict
+    predicted: pd.DataFrame
+    cost_model: CostModel
+    latency: pd.DataFrame
+    capacity: pd.DataFrame
+    memory: pd.DataFrame
+    memory_summary: dict
+    recommendation: dict
+    exercise2: dict
+    ex2_caps: pd.DataFrame
+    ex2_chunks: pd.DataFrame
+    ex2_curve: pd.DataFrame
+    validation: Validation | None
+    fleet_cells: list[dict]
+
+
+def load_results(inputs: Mapping) -> RunResults:
+    missing = [key for key in REQUIRED_INPUTS if not inputs.get(key)]
+    if missing:
+        raise ValueError(f"report: inputs missing: {', '.join(missing)}")
+    csv = lambda key: pd.read_csv(inputs[key])  # noqa: E731
+    validation = None
+    if all(inputs.get(key) and Path(inputs[key]).is_file() for key in VALIDATION_INPUTS):
+        meta = read_json(inputs["validation_meta"])
+        if meta.get("headline", {}).get("evaluated"):
+            validation = Validation(csv("validation"), csv("validation_requests"), meta)
+    return RunResults(
+        machine=read_json(inputs["machine"]), profile=csv("profile"), fit_report=read_json(inputs["fit_report"]),
+        predicted=csv("predicted"), cost_model=CostModel.from_dict(read_json(inputs["costmodel"])),
+        latency=csv("latency"), capacity=csv("capacity"), memory=csv("memory"),
+        memory_summary=read_json(inputs["memory_summary"]), recommendation=read_json(inputs["recommendation"]),
+        exercise2=read_json(inputs["exercise2"]), ex2_caps=csv("ex2_caps"), ex2_chunks=csv("ex2_chunks"),
+        ex2_curve=csv("ex2_curve"), validation=validation,
+        fleet_cells=[read_json(path) for path in inputs.get("fleet") or []],
+    )
+
+
+def clean(value):
+    """JSON-like data with every NaN, infinity and numpy scalar made plain: undefined is None."""
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, (np.bool_, bool)):
+        return bool(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return value
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    return [clean(row) for row in frame.to_dict(orient="records")]
+
+
+# -- number formatting (shared by both templates) ------------------------------------------------------
+
+def significant(x, sig: int = 3) -> str:
+    """`sig` significant digits without trailing zeros, never exponent notation, thousands separated:
+    48,136; 0.000579; 6. Below 10**-MAX_DECIMALS a value reads as 0: such a figure is rounding noise
+    in every unit the report uses. The page's script formats prices the same way."""
+    x = float(x)
+    if x == 0:
+        return "0"
+    decimals = min(MAX_DECIMALS, max(0, sig - 1 - math.floor(math.log10(abs(x)))))
+    text = f"{x:,.{decimals}f}"
+    text = text.rstrip("0").rstrip(".") if "." in text else text
+    return "0" if text == "-0" else text
+
+
+def _with_unit(unit: str, sig: int = 3):
+    def fmt(x, missing="n/a", digits=sig):
+        if x is None or (isinstance(x, float) and not math.isfinite(x)):
+            return missing
+        return f"{significant(x, digits)}{unit}"
+    fmt.unit = unit
+    return fmt
+
+
+def fmt_int(x, missing="n/a"):
+    return missing if x is None else f"{int(round(float(x))):,}"
+
+
+def fmt_pct(fraction, missing="n/a", digits=3):
+    """A fraction as a percentage."""
+    return missing if fraction is None else f"{significant(float(fraction) * 100, digits)}%"
+
+
+def fmt_usd(x, missing="n/a", digits=3):
+    return missing if x is None else f"${significant(x, digits)}"
+
+
+def fmt_gb(n_bytes, missing="n/a", digits=3):
+    return missing if n_bytes is None else f"{significant(float(n_bytes) / 1e9, digits)} GB"
+
+
+def fmt_range(pair, filter_name: str, missing="n/a"):
+    """'lo to hi' of a [lo, hi] pair in the format of the filter named, one value if they agree."""
+    if not pair or pair[0] is None or pair[1] is None:
+        return missing
+    fmt = FILTERS[filter_name]
+    lo, hi = fmt(pair[0]), fmt(pair[1])
+    unit = getattr(fmt, "unit", "")
+    if lo == hi:
+        return lo
+    return f"{lo.removesuffix(unit) if unit else lo} to {hi}"
+
+
+def fmt_duration(seconds, missing="n/a", digits=3):
+    """Seconds in the unit that keeps the number readable: s, ms, µs or ns."""
+    if seconds is None:
+        return missing
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{significant(seconds / scale, digits)} {unit}"
+    return "0 s" if seconds == 0 else f"{significant(seconds / 1e-9, digits)} ns"
+
+
+def oneline(text):
+    """Whitespace collapsed, so a macro's output is one Markdown paragraph; markup stays markup."""
+    flat = " ".join(str(text).split())
+    return Markup(flat) if isinstance(text, Markup) else flat
+
+
+FILTERS = {
+    "num": _with_unit(""), "ms": _with_unit(" ms"), "s": _with_unit(" s"), "rps": _with_unit(" req/s"),
+    "tps": _with_unit(" tokens/s"), "times": _with_unit("×"), "ns": _with_unit(" ns"),
+    "gbs": _with_unit(" GB/s"), "gflops": _with_unit(" GFLOP/s"), "tokens": _with_unit(" tokens"),
+    "int": fmt_int, "pct": fmt_pct, "dur": fmt_duration, "usd": fmt_usd, "gb": fmt_gb, "range": fmt_range,
+    "oneline": oneline,
+}
+
+
+# -- sections ------------------------------------------------------------------------------------------
+
+def workload_traces(workload: dict, seeds: list[int]):
+    return [generate(workload, seed) for seed in seeds]
+
+
+def sweep_seeds(latency: pd.DataFrame) -> list[int]:
+    return sorted(int(s) for s in latency["seed"].unique())
+
+
+def longest_prompt(traces) -> int:
+    return int(max(t.prompt_tokens.max() for t in traces))
+
+
+def prefill_floor(cost: CostModel, traces, percentile: float) -> float:
+    """The TTFT percentile the prompts alone impose (ms): each request's prefill with no queue and
+    nothing else running. No number of machines can push the percentile below it."""
+    prefill_ms = np.concatenate([[cost.prefill_time(int(p)) * 1e3 for p in t.prompt_tokens] for t in traces])
+    return float(np.percentile(prefill_ms, percentile))
+
+
+def summary_section(run: RunResults, config: dict, traces) -> dict:
+    rec = clean(run.recommendation)
+    chosen = rec["chosen"]
+    slo = config["slo"]
+    verdict = {row["target"]: row for row in rec["verdict"]}
+    floor_ms = prefill_floor(run.cost_model, traces, slo["ttft_percentile"])
+    longest = longest_prompt(traces)
+    need = rec["what_it_would_take"]
+    fleets = {router: found for router, found in need["fleet"].items() if found}
+    cheapest_fleet = min(fleets.items(), key=lambda item: (item[1]["replicas"], item[0])) if fleets else None
+    capacity = run.capacity[(run.capacity["policy"] == chosen["policy"])
+                            & (run.capacity["max_num_seqs"] == chosen["max_num_seqs"])]
+    stable_capacity = clean(capacity[capacity["criterion_name"] == "stable"]["capacity_rps"].max())
+    passed = [name for name in ("latency", "capacity", "memory", "cost") if verdict[name]["passed"]]
+    today = float(config["workload"]["rate"])
+    return {
+        "status": rec["status"],
+        "chosen": chosen,
+        "verdict": verdict,
+        "passed": passed,
+        "missed": [name for name in ("latency", "capacity", "memory", "cost") if name not in passed],
+        "n_pass": len(passed),
+        "prefill_floor_ms": floor_ms,
+        "floor_exceeds_slo": floor_ms > slo["ttft_ms"],
+        "floor_speedup": floor_ms / slo["ttft_ms"],
+        "longest_prompt": longest,
+        "longest_prompt_prefill_ms": run.cost_model.prefill_time(longest) * 1e3,
+        "fleets": fleets,
+        "cheapest_fleet": cheapest_fleet,
+        "max_replicas": config["cost"]["max_replicas"],
+        "speedup": need["speedup"],
+        "any_fits_memory": bool(run.memory["fits_reserved"].astype(bool).any()),
+        "chosen_stable_capacity_rps": stable_capacity,
+        # one machine's stable rate bounds how many are needed just to keep up, whatever the latency
+        "machines_to_keep_up": math.ceil(today / stable_capacity) if stable_capacity else None,
+        "largest_fleet": largest_fleet(run.fleet_cells, chosen),
+        "offered_tokens_per_s": rec["offered_tokens_per_s"],
+    }
+
+
+def largest_fleet(fleet_cells: list[dict], chosen: dict) -> dict | None:
+    """How the chosen configuration fares on the largest fleet the planner tried when no fleet met the
+    latency targets: the router with the lowest TTFT at today's rate."""
+    cell = next((c for c in fleet_cells if c["policy"] == chosen["policy"]
+                 and c["max_num_seqs"] == chosen["max_num_seqs"]), None)
+    if cell is None or any(found["feasible"] for found in cell["fleets"].values()):
+        return None
+    tried = [{"router": router, "replicas": found["max_replicas"], **clean(found["at_max"])}
+             for router, found in sorted(cell["fleets"].items())]
+    return min(tried, key=lambda f: (f["today"]["ttft_ms_mean"] is None, f["today"]["ttft_ms_mean"] or 0.0))
+
+
+def machine_section(run: RunResults) -> dict:
+    report = clean(run.fit_report)
+    return {
+        "machine": clean(run.machine["machine"]),
+        "model": clean(run.machine["model"]),
+        "memory": clean(run.machine["memory"]),
+        "roofline": clean(run.machine["roofline"]),
+        "profile_wall_time_s": clean(run.machine.get("wall_time_s")),
+        "physical": report["physical"],
+        "reduced_model": bool(run.machine["model"].get("config_overrides")),
+    }
+
+
+def profiling_section(run: RunResults, traces) -> dict:
+    report = clean(run.fit_report)
+    profile = run.profile
+    decode = profile[profile["kind"] == "decode"]
+    prefill = profile[(profile["kind"] == "prefill") & (profile["batch"] == 1)]
+    longest_prefill = prefill.loc[prefill["prompt_len"].idxmax()]
+    prompts = np.concatenate([t.prompt_tokens for t in traces])
+
+    def decode_at(batch) -> dict:
+        """Medians over the contexts profiled at one batch size."""
+        rows = decode[decode["batch"] == batch]
+        return {"batch": int(batch), "step_ms": clean(rows["median_s"].median() * 1e3),
+                "efficiency": clean(rows["efficiency"].median()), "bound": _mode(rows["bound"])}
+
+    return {
+        "n_points": len(profile),
+        "parts": report["parts"],
+        "heldout_mape": report["heldout_mape"],
+        "mape_goal": report["mape_goal"],
+        "goal_met": report["goal_met"],
+        "physical": report["physical"],
+        "systematic_parts": sorted(part for part, found in report["residual_structure"].items()
+                                   if found["systematic"]),
+        "batched_prefill": report.get("batched_prefill", []),
+        "holdout_fraction": report["holdout"]["fraction"],
+        "n_holdout": len(report["holdout"]["point_ids"]),
+        "decode_smallest": decode_at(decode["batch"].min()),
+        "decode_largest": decode_at(decode["batch"].max()),
+        "prefill_longest_len": int(longest_prefill["prompt_len"]),
+        "prefill_longest_ms": float(longest_prefill["median_s"]) * 1e3,
+        "prefill_efficiency_longest": float(longest_prefill["efficiency"]),
+        "prefill_bound_longest": longest_prefill["bound"],
+        "mean_prompt_prefill_ms": float(np.mean([run.cost_model.prefill_time(int(p)) for p in prompts])) * 1e3,
+        "mean_prompt_tokens": float(prompts.mean()),
+    }
+
+
+def _mode(series: pd.Series):
+    return series.value_counts().sort_index().idxmax() if len(series) else None
+
+
+def workload_section(config: dict, traces, rec: dict) -> dict:
+    workload = config["workload"]
+    n = int(workload["num_requests"])
+    expected_output = expected_length(workload["output"])
+    totals = [int(t.output_tokens.sum()) for t in traces]
+    source_per_reply = SOURCE_WORKLOAD["total_output_tokens"] / SOURCE_WORKLOAD["requests"]
+    return {
+        "spec": workload,
+        "seeds": len(traces),
+        "num_requests": n,
+        "rate": float(workload["rate"]),
+        "mean_duration_s": float(np.mean([t.duration_s for t in traces])),
+        "expected_prompt_tokens": expected_length(workload["prompt"]),
+        "expected_output_tokens": expected_output,
+        "expected_total_output_tokens": expected_output * n,
+        "drawn_total_output_tokens": [min(totals), max(totals)],
+        "expected_output_tokens_per_s": expected_output * float(workload["rate"]),
+        "offered_tokens_per_s": rec["offered_tokens_per_s"],
+        "source": SOURCE_WORKLOAD,
+        "source_per_reply": source_per_reply,
+        "calibration_error": expected_output / source_per_reply - 1.0,
+        "same_request_count_as_source": n == SOURCE_WORKLOAD["requests"],
+    }
+
+
+def simulation_section(run: RunResults, config: dict, traces) -> dict:
+    slo, workload = config["slo"], config["workload"]
+    today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
+    pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
+    ttft = figures.cell_means(run.latency, pct, stable_only=True)
+    goodput = figures.cell_means(run.latency, "goodput_rps")
+    preempt = figures.cell_means(run.latency, "preemptions")
+    itl = figures.cell_means(run.latency, "itl_ms_p99")
+    capacity = run.capacity.set_index(["criterion_name", "policy", "max_num_seqs"])
+    cells = []
+    for row in ttft[np.isclose(ttft["rate"], today)].itertuples():
+        key = (row.policy, row.max_num_seqs)
+        cells.append({
+            "policy": row.policy, "policy_label": figures.policy_label(row.policy), "cap": row.max_num_seqs,
+            "stable": row.stable, "ttft_ms": clean(row.mean), "ttft_range": [clean(row.min), clean(row.max)],
+            "goodput_rps": _cell(goodput, key, today),
+            **{f"capacity_{name}": _capacity(capacity, name, key) for name in ("ttft_slo", "stable")},
+        })
+    cells.sort(key=lambda c: (figures.policy_order(c["policy"]), c["cap"]))
+    best_slo = max(cells, key=lambda c: (c["capacity_ttft_slo"]["rps"], -c["cap"]))
+    best_stable = max(cells, key=lambda c: (c["capacity_stable"]["rps"], -c["cap"]))
+    chunked_itl = _itl_comparison(itl, today)
+    preempt_max = preempt.loc[preempt["mean"].idxmax()] if preempt["mean"].notna().any() else None
+    return {
+        "today_rate": today, "target_rate": target, "rates": sorted(float(r) for r in run.latency["rate"].unique()),
+        "percentile": slo["ttft_percentile"], "slo_ms": slo["ttft_ms"], "tpot_ms": slo["tpot_ms"],
+        "seeds": len(sweep_seeds(run.latency)),
+        "cells": cells,
+        "n_cells": len(cells),
+        "n_stable_today": sum(c["stable"] for c in cells),
+        "n_meeting_slo_today": sum(c["ttft_ms"] is not None and c["ttft_ms"] <= slo["ttft_ms"] for c in cells),
+        "best_slo": best_slo, "best_stable": best_stable,
+        "any_meets_target": any(c["capacity_ttft_slo"]["rps"] >= target for c in cells),
+        "itl": chunked_itl,
+        "max_preemptions": None if preempt_max is None else {
+            "mean": float(preempt_max["mean"]), "policy_label": figures.policy_label(preempt_max["policy"]),
+            "cap": int(preempt_max["max_num_seqs"]), "rate": float(preempt_max["rate"])},
+        "rate_min": config["capacity"]["rate_min"],
+        "chunk_size": config["sweep"]["chunk_size"],
+        "prompts_fit_one_chunk": longest_prompt(traces) <= config["sweep"]["chunk_size"],
+    }
+
+
+def _cell(means: pd.DataFrame, key, rate) -> float | None:
+    rows = means[(means["policy"] == key[0]) & (means["max_num_seqs"] == key[1]) & np.isclose(means["rate"], rate)]
+    return clean(rows["mean"].iloc[0]) if len(rows) else None
+
+
+def _capacity(capacity: pd.DataFrame, name: str, key) -> dict:
+    row = capacity.loc[(name, *key)]
+    return {"rps": float(row["capacity_rps"]),
+            "range": [float(row["capacity_min_rps"]), float(row["capacity_max_rps"])],
+            "never_met": bool(row["never_met"])}
+
+
+def _itl_comparison(itl: pd.DataFrame, rate: float) -> dict | None:
+    """p99 inter-token gap with and without chunked prefill at the largest cap both were run at."""
+    at_rate = itl[np.isclose(itl["rate"], rate) & itl["mean"].notna()]
+    chunked = at_rate[at_rate["policy"] == "continuous_chunked"].set_index("max_num_seqs")["mean"]
+    plain = at_rate[at_rate["policy"] == "continuous"].set_index("max_num_seqs")["mean"]
+    shared = sorted(set(chunked.index) & set(plain.index))
+    if not shared:
+        return None
+    cap = shared[-1]
+    return {"cap": int(cap), "chunked_ms": float(chunked[cap]), "plain_ms": float(plain[cap]),
+            "ratio": float(chunked[cap] / plain[cap]) if plain[cap] else None}
+
+
+def memory_section(run: RunResults) -> dict:
+    summary = clean(run.memory_summary)
+    return {
+        "summary": summary,
+        "kv_matches_analytic": summary["kv_bytes_per_token_measured"] == summary["kv_bytes_per_token_analytic"],
+        "kv_per_sequence_bytes": summary["kv_bytes_per_token_measured"] * summary["max_context"],
+        "headroom_bytes": summary["budget_bytes"] - summary["weights_bytes"],
+    }
+
+
+def cost_section(run: RunResults, config: dict, summary: dict) -> dict:
+    rec = clean(run.recommendation)
+    return {
+        "price_per_hour": rec["price_per_hour"],
+        "target_per_1k": config["cost"]["target_per_1k_tokens"],
+        "max_replicas": config["cost"]["max_replicas"],
+        "offered_tokens_per_s": rec["offered_tokens_per_s"],
+        "fleets": [{"router": router, **found} for router, found in summary["fleets"].items()],
+    }
+
+
+def browser_cost_data(cost: dict) -> dict:
+    """What the page's script needs to recompute every cost it shows when the price changes."""
+    return {"price_per_hour": cost["price_per_hour"], "target_per_1k": cost["target_per_1k"],
+            "max_replicas": cost["max_replicas"], "offered_tokens_per_s": cost["offered_tokens_per_s"],
+            "marks": {f"{f['replicas']} machines, {f['router'].replace('_', ' ')}": f["replicas"]
+                      for f in cost["fleets"]}}
+
+
+def validation_section(run: RunResults) -> dict | None:
+    if run.validation is None:
+        return None
+    comparison = run.validation.comparison
+    meta = clean(run.validation.meta)
+    rows = []
+    for (fraction, rate), group in comparison.groupby(["load_fraction", "rate"], sort=True):
+        stats = {f"{r.metric}_{r.stat}": {"measured": clean(r.measured_ms), "simulated": clean(r.simulated_ms),
+                                          "diff_pct": clean(r.diff_pct), "n": int(r.n)}
+                 for r in group.itertuples()}
+        rows.append({"load_fraction": float(fraction), "rate": float(rate), "stats": stats})
+    requests = run.validation.requests
+    return {
+        "meta": meta,
+        "headline": meta["headline"],
+        "policy_label": figures.policy_label(meta["policy"]),
+        "rows": rows,
+        "traces": meta["traces"],
+        "skipped": [t for t in meta["traces"] if t.get("skipped")],
+        "n_requests": int(len(requests)),
+        "n_finished_both": int(requests["finished_both"].astype(bool).sum()),
+    }
+
+
+def seed_means(sweep: pd.DataFrame, key: str) -> pd.DataFrame:
+    """The rows exercise 2 writes as the mean over seeds, in order of `key`."""
+    return sweep[sweep["stat"] == "mean"].sort_values(key)
+
+
+def exercise2_section(run: RunResults) -> dict:
+    return {"answers": clean(run.exercise2), "caps": records(seed_means(run.ex2_caps, "max_num_seqs")),
+            "chunks": records(seed_means(run.ex2_chunks, "chunk_size"))}
+
+
+def assumptions_section(run: RunResults, config: dict) -> dict:
+    machine = run.machine["machine"]
+    steps = run.validation.meta["headline"] if run.validation is not None else None
+    return {
+        "random_weights": bool(run.machine["model"]["random_weights"]),
+        "threads": machine["threads"], "logical_cores": machine["logical_cores"],
+        "physical_cores": machine.get("physical_cores"),
+        "prompt": config["workload"]["prompt"], "output": config["workload"]["output"],
+        "price_per_hour": config["cost"]["price_per_hour"],
+        "tpot_ms": config["slo"]["tpot_ms"],
+        "max_context": config["memory"]["max_context"], "block_size": config["memory"]["block_size"],
+        "rss_after_load_bytes": run.machine["memory"].get("rss_after_load_bytes"),
+        "weights_bytes": run.machine["memory"]["param_bytes"],
+        "step_bias_pct": clean(steps.get("step_bias_pct")) if steps else None,
+        "horizon_factor": config["sweep"]["horizon_factor"],
+    }
+
+
+# -- provenance ----------------------------------------------------------------------------------------
+
+def _git(*args) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def sha256_of(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def input_files(inputs: Mapping) -> dict[str, str]:
+    """Every input file by a label: its input name, with the file name for inputs that are lists."""
+    files = {}
+    for key, value in sorted(inputs.items()):
+        if isinstance(value, (str, Path)):
+            files[key] = str(value)
+        else:
+            files.update({f"{key}:{Path(path).name}": str(path) for path in value})
+    return files
+
+
+def provenance(inputs: Mapping, config_hash: str, machine_fingerprint: str, log_dir) -> dict:
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain")
+    spans = stage_times(log_dir)
+    started = min(s for s, _ in spans) if spans else None
+    finished = max(f for _, f in spans) if spans else None
+    stamp = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds")  # noqa: E731
+    return {
+        "config_hash": config_hash,
+        "git_commit": commit,
+        "git_dirty": None if status is None else bool(status),
+        "generated_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine_fingerprint": machine_fingerprint,
+        "pipeline_wall_time_s": finished - started if spans else None,
+        "pipeline_started_utc": stamp(started) if spans else None,
+        "pipeline_finished_utc": stamp(finished) if spans else None,
+        "stages_logged": len(spans),
+        "inputs": {label: {"path": path, "sha256": sha256_of(path)}
+                   for label, path in input_files(inputs).items() if Path(path).is_file()},
+        "versions": {"python": platform.python_version(),
+                     **{name: version(name) for name in ("numpy", "pandas", "matplotlib", "jinja2")}},
+    }
+
+
+# -- rendering -----------------------------------------------------------------------------------------
+
+def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[str, bytes]:
+    slo, workload = config["slo"], config["workload"]
+    today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
+    heldout = set(clean(run.fit_report)["holdout"]["point_ids"])
+    cost, ex2 = context["cost"], context["exercise2"]["answers"]
+    made = {
+        "prefill_profile": figures.prefill_profile(run.profile, run.cost_model, heldout),
+        "decode_profile": figures.decode_profile(run.profile, run.cost_model, heldout),
+        "residuals": figures.residuals(run.predicted),
+        "roofline_efficiency": figures.roofline_efficiency(run.profile),
+        "workload": figures.workload_histograms(traces, today),
+        "ttft_vs_rate": figures.ttft_vs_rate(run.latency, slo["ttft_percentile"], slo["ttft_ms"], today, target),
+        "capacity": figures.capacity_per_cap(run.capacity, today, target),
+        "attainment": figures.attainment_heatmap(run.latency, "good requests (%)"),
+        "goodput": figures.by_cap(run.latency, "goodput_rps", {"today": today, "target": target},
+                                  "goodput (good requests/s)", "Goodput per cap",
+                                  {"today": (today, "offered"), "target": (target, "offered")}),
+        "preemptions": figures.by_cap(run.latency, "preemptions", {"today": today, "target": target},
+                                      "preemptions per run", "KV-cache preemptions (recompute) per cap"),
+        "itl": figures.by_cap(run.latency, "itl_ms_p99", {"today": today, "target": target},
+                              "p99 inter-token gap (ms)", "Inter-token stalls: p99 gap between tokens"),
+        "memory": figures.memory_bars(run.memory, context["memory"]["summary"]["budget_bytes"]),
+        "cost": figures.cost_vs_replicas(cost["price_per_hour"], cost["offered_tokens_per_s"], cost["target_per_1k"],
+                                         cost["max_replicas"], browser_cost_data(cost)["marks"]),
+        "ex2_curve": figures.exercise2_curve(run.ex2_curve, ex2["2.1"]["least_squares"]["a_ms"],
+                                             ex2["2.1"]["least_squares"]["b_ms"], ex2["2.2"]["tpot_budget_ms"],
+                                             ex2["2.2"]["b_max"]),
+        "ex2_caps": figures.exercise2_caps(seed_means(run.ex2_caps, "max_num_seqs"), ex2["2.2"]["b_max"],
+                                           ex2["2.4"]["best_cap"]),
+        "ex2_chunks": figures.exercise2_chunks(seed_means(run.ex2_chunks, "chunk_size"), ex2["2.3"]["itl_bound_ms"]),
+    }
+    if run.validation is not None:
+        made["validation_ttft"] = figures.ttft_scatter(run.validation.requests)
+    return {name: figures.png_bytes(fig) for name, fig in made.items()}
+
+
+def build_context(run: RunResults, config: dict, provenance_record: dict, traces) -> dict:
+    summary = summary_section(run, config, traces)
+    cost = cost_section(run, config, summary)
+    return {
+        "title": config["report"]["title"],
+        "config": config,
+        "summary": summary,
+        "machine": machine_section(run),
+        "profiling": profiling_section(run, traces),
+        "workload": workload_section(config, traces, clean(run.recommendation)),
+        "simulation": simulation_section(run, config, traces),
+        "memory": memory_section(run),
+        "cost": cost,
+        "cost_data": browser_cost_data(cost),
+        "validation": validation_section(run),
+        "exercise2": exercise2_section(run),
+        "assumptions": assumptions_section(run, config),
+        "provenance": provenance_record,
+        "policy_label": figures.policy_label,
+    }
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        # Markdown too: config text must not become raw HTML there either, and entities render as characters.
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "md.j2"), default_for_string=False),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+    )
+    env.filters.update(FILTERS)
+    return env
+
+
+class CostText:
+    """Cost figures as the templates print them. In HTML each one is a span carrying what the page's
+    script needs to recompute it when the reader edits the price; in Markdown it is plain text."""
+
+    def __init__(self, price_per_hour: float, target_per_1k: float, html: bool):
+        self.price_per_hour, self.target_per_1k, self.html = price_per_hour, target_per_1k, html
+
+    def _span(self, css_class: str, text: str, **data) -> str:
+        if not self.html:
+            return text
+        attributes = Markup("").join(Markup(' data-{}="{}"').format(k.replace("_", "-"), v) for k, v in data.items())
+        return Markup('<span class="{}"{}>{}</span>').format(css_class, attributes, text)
+
+    def per_1k(self, replicas, tokens_per_s) -> float | None:
+        return costs.cost_per_1k_tokens(self.price_per_hour, replicas, tokens_per_s) if tokens_per_s else None
+
+    def money(self, replicas, tokens_per_s, missing="n/a"):
+        """$ per 1,000 output tokens for `replicas` machines serving `tokens_per_s`."""
+        value = self.per_1k(replicas, tokens_per_s)
+        if value is None:
+            return missing
+        return self._span("cost", fmt_usd(value), replicas=replicas, tokens_per_s=repr(float(tokens_per_s)))
+
+    def check(self, replicas, tokens_per_s, within: str, above: str, missing="n/a"):
+        """`within` when that cost meets the target, else `above`."""
+        value = self.per_1k(replicas, tokens_per_s)
+        if value is None:
+            return missing
+        return self._span("cost-check", within if value <= self.target_per_1k else above, replicas=replicas,
+                          tokens_per_s=repr(float(tokens_per_s)), within=within, above=above)
+
+    def price(self):
+        return self._span("price", fmt_usd(self.price_per_hour))
+
+    def replicas_within(self, tokens_per_s):
+        """The most machines the cost target pays for at this traffic."""
+        count = costs.max_replicas_within(self.price_per_hour, tokens_per_s, self.target_per_1k)
+        return self._span("replicas-within", fmt_int(count), tokens_per_s=repr(float(tokens_per_s)))
+
+
+def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = FIGURE_DIR_NAME) -> tuple[str, str]:
+    """(HTML, Markdown) of the report; the HTML embeds the figures, the Markdown links them."""
+    env = environment()
+    price, target = context["cost"]["price_per_hour"], context["cost"]["target_per_1k"]
+    html = env.get_template(HTML_TEMPLATE).render(
+        **context, output_format="html", cost_text=CostText(price, target, html=True), max_decimals=MAX_DECIMALS,
+        figure_src={name: "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+                    for name, png in figure_png.items()})
+    md = env.get_template(MD_TEMPLATE).render(
+        **context, output_format="md", cost_text=CostText(price, target, html=False),
+        figure_src={name: f"{figure_dir_name}/{name}.png" for name in figure_png})
+    # The templates open with macro definitions and their blocks leave blank lines behind; Markdown
+    # treats any run of blank lines as one.
+    return html.lstrip(), re.sub(r"\n{3,}", "\n\n", md.lstrip())
+
+
+def write_report(inputs: Mapping, config: dict, config_hash: str, machine_fingerprint: str, html_path, md_path,
+                 provenance_path, log_dir) -> None:
+    run = load_results(inputs)
+    traces = workload_traces(config["workload"], sweep_seeds(run.latency))
+    record = provenance(inputs, config_hash, machine_fingerprint, log_dir)
+    context = build_context(run, config, record, traces)
+    figure_png = build_figures(run, config, context, traces)
+    html, md = render(context, figure_png)
+
+    figure_dir = Path(md_path).parent / FIGURE_DIR_NAME
+    figure_dir.mkdir(parents=True, exist_ok=True)
+    for stale in figure_dir.glob("*.png"):
+        if stale.stem not in figure_png:
+            stale.unlink()
+    for name, png in figure_png.items():
+        with atomic_path(figure_dir / f"{name}.png") as tmp:
+            tmp.write_bytes(png)
+    write_text(md_path, md)
+    write_text(html_path, html)
+    write_json(provenance_path, record)
+

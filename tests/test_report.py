@@ -1,0 +1,376 @@
+"""The report: renders from a run's files whatever the verdict, escapes config text, leaks no None/NaN,
+and is deterministic.
+
+The input files are made by the pipeline's own producers (fit, planner, exercise 2, validation
+comparison) on tiny workloads; only the profile and the machine description are written by hand,
+from a known cost model, because measuring needs torch and minutes.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from servingplan import exercise2, planner
+from servingplan.costmodel import CostModel
+from servingplan.io import write_csv, write_json
+from servingplan.profiling.fit import fit_profile
+from servingplan.report.render import write_report
+from servingplan.serving.replay import compare, request_pairs
+from servingplan.sim import simulate
+from servingplan.validation import headline
+from servingplan.workload import generate
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE_TITLE = 'Sizing <script>alert("x")</script> & co'
+
+# Three machines: one fast enough for every target, one that keeps up but misses them all (with a
+# tight memory budget and a high price), and one GPT-2-small-on-two-cores-like machine that cannot
+# keep up with today's traffic at all.
+SCENARIOS = {
+    "all_pass": {"cost": CostModel(decode_fixed_s=5e-3, decode_per_seq_s=2e-4, decode_per_ctx_token_s=4e-8,
+                                   prefill_fixed_s=1e-3, prefill_per_token_s=4.7e-5),
+                 "budget_gb": 2.0, "price_per_hour": 1.0},
+    "all_fail": {"cost": CostModel(decode_fixed_s=3e-3, decode_per_seq_s=2e-4, decode_per_ctx_token_s=4e-8,
+                                   prefill_fixed_s=5e-3, prefill_per_token_s=2e-4),
+                 "budget_gb": 0.6, "price_per_hour": 10.0},
+    "unstable": {"cost": CostModel(decode_fixed_s=0.05, decode_per_seq_s=2e-3, decode_per_ctx_token_s=1e-7,
+                                   prefill_fixed_s=0.02, prefill_per_token_s=2e-3, prefill_per_token_sq_s=5e-7),
+                 "budget_gb": 2.0, "price_per_hour": 1.0},
+}
+POLICIES = ("static", "continuous", "continuous_chunked")
+CAPS = (2, 8)
+
+
+def small_config(scenario: str, title: str = HOSTILE_TITLE) -> dict:
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["workload"]["num_requests"] = 40
+    config["sweep"].update(policies=list(POLICIES), caps=list(CAPS), rates=[1.0, 3.0], seeds=2)
+    config["capacity"]["tolerance"] = 0.15
+    config["memory"]["budget_gb"] = SCENARIOS[scenario]["budget_gb"]
+    config["cost"].update(price_per_hour=SCENARIOS[scenario]["price_per_hour"], max_replicas=4)
+    config["exercise2"].update(num_requests=150, sweep_caps=[8, 32, 128], chunk_sizes=[128, 512], seeds=1)
+    config["validation"].update(rates_fraction=[0.5, 1.3], goal_pct=15.0)
+    config["report"]["title"] = title
+    return config
+
+
+def machine_meta(cost: CostModel) -> dict:
+    model = {"source": "random", "random_weights": True, "seed": 0, "config_overrides": {}, "dtype": "float32",
+             "param_count": 124_439_808, "non_embedding_param_count": 85_056_000, "param_bytes": 497_759_232,
+             "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257,
+             "attn_implementation": "sdpa"}
+    return {
+        "machine": {"fingerprint": "0123456789", "cpu_model": "Test CPU <fast>", "logical_cores": 2,
+                    "physical_cores": 1, "ram_bytes": 8 * 2**30, "ram_gib": 8, "os": "Linux", "python": "3.11.9",
+                    "torch": "2.13.0", "transformers": "5.23.0", "numpy": "2.4.6", "threads": 2},
+        # probes a little faster than the cost model's own rates, as a real machine's are
+        "roofline": {"bandwidth_gbs": model["param_bytes"] / cost.decode_fixed_s / 1e9 * 1.2,
+                     "gemm_gflops": 2 * model["non_embedding_param_count"] / cost.prefill_per_token_s / 1e9 * 1.2,
+                     "probe_bytes": 268435456, "gemm_size": 1024, "probe_repeats": 7},
+        "model": model,
+        "memory": {"param_bytes": model["param_bytes"], "kv_bytes_per_token": 73728.0,
+                   "kv_bytes_per_token_expected": 73728, "rss_after_load_bytes": 800_000_000,
+                   "peak_rss_bytes": 1_200_000_000},
+        "settings": {"quick": False, "seed": 0, "threads": 2},
+        "n_points": 0,
+        "wall_time_s": 321.0,
+    }
+
+
+def profile_points(cost: CostModel, meta: dict) -> pd.DataFrame:
+    """The profile grid with medians from `cost`, a few percent of seeded noise, and roofline floors."""
+    rng = np.random.default_rng(7)
+    shapes = [("prefill", 1, n, 0) for n in (16, 64, 128, 256, 384, 512)]
+    shapes += [("prefill_batch", b, 128, 0) for b in (1, 2)]
+    shapes += [("prefill_cached", 1, n, c) for n, c in ((128, 256), (256, 512))]
+    shapes += [("decode", b, 1, c) for b in (1, 4, 16, 64) for c in (64, 512)]
+    bandwidth, gemm = meta["roofline"]["bandwidth_gbs"] * 1e9, meta["roofline"]["gemm_gflops"] * 1e9
+    rows = []
+    for point_id, (kind, batch, length, cached) in enumerate(shapes):
+        exact = (cost.decode_time(batch, batch * cached, cached) if kind == "decode"
+                 else batch * cost.prefill_time(length, cached))
+        median = exact * (1 + rng.normal(0, 0.02))
+        flops = 2.0 * meta["model"]["non_embedding_param_count"] * batch * length
+        bytes_read = meta["memory"]["param_bytes"] + meta["memory"]["kv_bytes_per_token"] * batch * (cached + length)
+        floor_mem, floor_compute = bytes_read / bandwidth, flops / gemm
+        rows.append({"point_id": point_id, "order": point_id, "kind": kind, "batch": batch, "prompt_len": length,
+                     "cached": cached, "median_s": median, "p10_s": median * 0.97, "p90_s": median * 1.05,
+                     "mean_s": median, "min_s": median * 0.96, "n_repeats": 5, "flops": flops, "bytes": bytes_read,
+                     "floor_mem_s": floor_mem, "floor_compute_s": floor_compute,
+                     "floor_s": max(floor_mem, floor_compute),
+                     "bound": "memory" if floor_mem >= floor_compute else "compute",
+                     "efficiency": max(floor_mem, floor_compute) / median})
+    return pd.DataFrame(rows)
+
+
+def capacity_rows(cell: dict):
+    """scripts/collect.py's flattening of one capacity cell."""
+    for name, result in cell.items():
+        yield {"criterion_name": name, **{k: v for k, v in result.items() if k != "per_seed"},
+               "per_seed_lower": ";".join(f"{s['lower']:.6g}" for s in result["per_seed"]),
+               "per_seed_upper": ";".join(f"{s['upper']:.6g}" for s in result["per_seed"])}
+
+
+def write_validation(directory: Path, cost: CostModel, config: dict) -> dict:
+    """The validation files, with a 10%-slower copy of the cost model standing in for the real engine."""
+    engine = cost.scaled(0.9)
+    tables, pairs, traces = [], [], []
+    validation = config["validation"]
+    stable_rps = 2.0
+    for i, fraction in enumerate(validation["rates_fraction"]):
+        rate = fraction * stable_rps
+        trace = generate(dict(config["workload"], num_requests=16, rate=rate), 101 * (i + 1))
+        args = ("continuous_chunked", validation["cap"], 512, None, 16, 20.0)
+        measured, simulated = simulate(trace, engine, *args), simulate(trace, cost, *args)
+        label = {"load_fraction": fraction, "rate": rate}
+        tables.append(compare(measured, simulated).assign(**label))
+        pairs.append(request_pairs(measured, simulated).assign(**label))
+        traces.append({**label, "requests": len(trace), "skipped": False,
+                       "measured_finished": int(measured.finished.sum()),
+                       "measured_truncated": bool(measured.truncated),
+                       "simulated_stable": bool(simulated.stable), "measured_wall_s": float(measured.end_s),
+                       "errors": 0})
+    comparison = pd.concat(tables, ignore_index=True)
+    steps = pd.DataFrame({"error_pct": [-9.0, -11.0, -10.0]})
+    paths = {"validation": directory / "comparison.csv", "validation_requests": directory / "requests.csv",
+             "validation_meta": directory / "validation.json"}
+    write_csv(paths["validation"], comparison)
+    write_csv(paths["validation_requests"], pd.concat(pairs, ignore_index=True))
+    write_json(paths["validation_meta"], {
+        "policy": "continuous_chunked", "max_num_seqs": validation["cap"], "chunk_size": 512, "kv_blocks": 1000,
+        "stable_capacity_rps": stable_rps, "stable_capacity_interval": [1.8, 2.2], "traces": traces,
+        "headline": headline(comparison, steps, validation)})
+    return paths
+
+
+_EXERCISE2_CACHE: dict = {}
+
+
+def exercise2_outputs(config: dict):
+    """Exercise 2 does not depend on the scenario: computed once per session."""
+    key = repr(sorted(config["exercise2"].items()))
+    if key not in _EXERCISE2_CACHE:
+        _EXERCISE2_CACHE[key] = exercise2.run(config["exercise2"], config["seed"])
+    return _EXERCISE2_CACHE[key]
+
+
+def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_validation: bool = True):
+    """Every input of the report rule for `scenario`, written under `directory`: (inputs, config)."""
+    config = small_config(scenario, title)
+    cost = SCENARIOS[scenario]["cost"]
+    meta = machine_meta(cost)
+    seeds = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
+    d = Path(directory)
+    paths = {name: d / f for name, f in {
+        "machine": "machine.json", "profile": "profile.csv", "fit_report": "fit_report.json",
+        "predicted": "predicted.csv", "costmodel": "costmodel.json", "latency": "latency.csv",
+        "capacity": "capacity.csv", "memory": "memory.csv", "memory_summary": "memory.json",
+        "recommendation": "recommendation.json", "exercise2": "answers.json", "ex2_caps": "cap_sweep.csv",
+        "ex2_chunks": "chunk_sweep.csv", "ex2_curve": "curve.csv"}.items()}
+
+    points = profile_points(cost, meta)
+    write_json(paths["machine"], meta)
+    write_csv(paths["profile"], points)
+    fit = fit_profile(points, meta, config["fit"]["holdout_fraction"], config["fit"]["mape_goal"], config["seed"])
+    fit.write(paths["costmodel"], paths["fit_report"], paths["predicted"])
+    fitted = fit.cost_model
+
+    args = (config["workload"], config["slo"], config["sweep"], config["memory"], seeds)
+    latency = pd.concat([planner.sweep_cell(fitted, meta, p, c, *args) for p in POLICIES for c in CAPS],
+                        ignore_index=True)
+    capacity = pd.DataFrame([row for p in POLICIES for c in CAPS
+                             for row in capacity_rows(planner.capacity_cell(fitted, meta, p, c, *args,
+                                                                            config["capacity"]))])
+    fleets = [planner.fleet_cell(fitted, meta, p, c, *args, config["capacity"], config["cost"])
+              for p in POLICIES for c in CAPS]
+    paths["fleet"] = [d / "fleet" / f"{f['policy']}_cap{f['max_num_seqs']}.json" for f in fleets]
+    for path, fleet in zip(paths["fleet"], fleets):
+        write_json(path, fleet)
+    # through CSV and back, as the pipeline's stages hand them on
+    write_csv(paths["latency"], latency)
+    write_csv(paths["capacity"], capacity)
+    latency, capacity = pd.read_csv(paths["latency"]), pd.read_csv(paths["capacity"])
+    memory, memory_summary = planner.memory_table(meta, latency, config["memory"], config["workload"]["rate"])
+    write_csv(paths["memory"], memory)
+    write_json(paths["memory_summary"], memory_summary)
+    write_json(paths["recommendation"], planner.recommend(latency, capacity, pd.read_csv(paths["memory"]), fleets,
+                                                          config["cost"], config["slo"], config["workload"], seeds))
+
+    ex2 = exercise2_outputs(config)
+    write_json(paths["exercise2"], ex2.answers)
+    write_csv(paths["ex2_caps"], ex2.cap_sweep)
+    write_csv(paths["ex2_chunks"], ex2.chunk_sweep)
+    write_csv(paths["ex2_curve"], ex2.curve)
+    if with_validation:
+        paths.update(write_validation(d, fitted, config))
+    return {k: [str(p) for p in v] if isinstance(v, list) else str(v) for k, v in paths.items()}, config
+
+
+def render_scenario(directory: Path, scenario: str, **kwargs) -> dict:
+    """Build the inputs of `scenario` and render the report; the output paths and the config."""
+    inputs, config = build_run(Path(directory) / "inputs", scenario, **kwargs)
+    out = Path(directory) / "report"
+    outputs = {"html": out / "report.html", "md": out / "report.md", "provenance": out / "provenance.json"}
+    logs = Path(directory) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "stage.log").write_text("started_unix 1000.0\nfinished_unix 1060.5\n")
+    write_report(inputs, config, "abc123def456", "0123456789", outputs["html"], outputs["md"],
+                 outputs["provenance"], logs)
+    return {**outputs, "config": config, "inputs": inputs}
+
+
+SECTIONS = ("Summary", "The machine and the model", "Profiling", "The workload", "Simulation", "Memory and cost",
+            "Validation", "Exercise 2: from an SLO to a batch cap", "Assumptions and trade-offs", "Provenance")
+TARGETS = ("latency", "capacity", "memory", "cost")
+LEAKS = re.compile(r"\b(None|nan|NaN|inf|Infinity|undefined|null)\b")
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reports")
+    return {scenario: render_scenario(root / scenario, scenario) for scenario in SCENARIOS}
+
+
+def visible_html_text(html: str) -> str:
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", html)
+
+
+def visible_md_text(md: str) -> str:
+    return re.sub(r"!\[[^\]]*\]\([^)]*\)", " ", md)
+
+
+def verdict_cells(html: str) -> dict:
+    cells = {}
+    for target in TARGETS:
+        row = re.search(rf'<tr id="verdict-{target}">(.*?)</tr>', html, flags=re.S).group(1)
+        cells[target] = re.search(r'<td class="verdict (pass|fail)">(.*?)</td>', row, flags=re.S).groups()
+    return cells
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_section_present_in_order(reports, scenario):
+    html = reports[scenario]["html"].read_text()
+    md = reports[scenario]["md"].read_text()
+    html_headings = re.findall(r"<h2>(.*?)</h2>", html)
+    md_headings = re.findall(r"^## (.*)$", md, flags=re.M)
+    assert html_headings == list(SECTIONS)
+    assert md_headings == list(SECTIONS)
+    for task in ("2.1", "2.2", "2.3", "2.4", "2.5", "2.6"):
+        assert f"<h3>{task} " in html and f"### {task} " in md
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_no_none_or_nan_leaks_into_text(reports, scenario):
+    html = reports[scenario]["html"].read_text()
+    md = reports[scenario]["md"].read_text()
+    assert LEAKS.findall(visible_html_text(html)) == []
+    assert LEAKS.findall(visible_md_text(md)) == []
+
+
+def test_title_from_config_is_escaped(reports):
+    html = reports["all_pass"]["html"].read_text()
+    assert "<script>alert" not in html
+    assert "<title>Sizing &lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; co</title>" in html
+    assert "&lt;script&gt;" in reports["all_pass"]["md"].read_text()
+    # the CPU name from the machine file is escaped too
+    assert "Test CPU &lt;fast&gt;" in html
+
+
+@pytest.mark.parametrize("scenario, expected", [
+    ("all_pass", {t: "pass" for t in TARGETS}),
+    ("all_fail", {t: "fail" for t in TARGETS}),
+    ("unstable", {"latency": "fail", "capacity": "fail", "memory": "pass", "cost": "fail"}),
+])
+def test_verdicts_follow_the_recommendation(reports, scenario, expected):
+    report = reports[scenario]
+    recommendation = json.loads(Path(report["inputs"]["recommendation"]).read_text())
+    assert {row["target"]: "pass" if row["passed"] else "fail" for row in recommendation["verdict"]} == expected
+    cells = verdict_cells(report["html"].read_text())
+    assert {target: css for target, (css, _) in cells.items()} == expected
+    assert {target: text.strip() for target, (_, text) in cells.items() if target != "cost"} == \
+        {t: v for t, v in expected.items() if t != "cost"}
+    md = report["md"].read_text()
+    for target, verdict in expected.items():
+        assert re.search(rf"^\| {target.capitalize()} \|.*\| {verdict} \|$", md, flags=re.M)
+
+
+def test_all_pass_recommends_without_asking_for_more(reports):
+    md = reports["all_pass"]["md"].read_text()
+    assert "It meets all four targets" in md
+    assert "No configuration of this machine meets" not in md
+    assert "no number of replicas can fix it" not in md
+
+
+def test_all_fail_says_what_blocks_it(reports):
+    md = reports["all_fail"]["md"].read_text()
+    assert "misses all four" in md
+    # its prefill is fast enough: the miss is queueing, which machines can fix
+    assert "the miss is waiting in the queue" in md
+    assert "fits the" in md and "budget beside the weights" in md
+
+
+def test_unstable_machine_is_shown_as_unstable(reports):
+    md = reports["unstable"]["md"].read_text()
+    html = reports["unstable"]["html"].read_text()
+    assert "| Latency |" in md and "unstable: the queue grows" in md
+    assert "its queue does not keep up" in md
+    # prefill alone exceeds the TTFT target, so replicas cannot help and the text says so
+    assert "no number of replicas can fix it" in md
+    assert re.search(r"<td class=\"num\">unstable</td>", html)
+
+
+def test_figures_embedded_in_html_and_written_beside_markdown(reports):
+    report = reports["unstable"]
+    html = report["html"].read_text()
+    md = report["md"].read_text()
+    linked = re.findall(r"!\[[^\]]*\]\((figures/[\w]+\.png)\)", md)
+    assert len(linked) == len(set(linked)) >= 15
+    for link in linked:
+        assert (report["md"].parent / link).read_bytes().startswith(b"\x89PNG")
+    for link in linked:
+        assert f'<figure id="fig-{Path(link).stem}">' in html
+    embedded = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    # the cost chart is drawn by the page's script, so that it follows the price input
+    assert len(embedded) == len(linked) - 1
+    assert '<svg id="cost-chart"' in html
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+
+
+def test_without_validation_files_the_section_says_so(tmp_path):
+    report = render_scenario(tmp_path, "all_pass", with_validation=False)
+    assert "No validation against the real engine is available" in report["md"].read_text()
+    assert not (report["md"].parent / "figures" / "validation_ttft.png").exists()
+
+
+def test_same_inputs_give_the_same_bytes_but_the_date(tmp_path, reports):
+    first = reports["all_fail"]
+    second_dir = tmp_path / "again"
+    outputs = {"html": second_dir / "report.html", "md": second_dir / "report.md",
+               "provenance": second_dir / "provenance.json"}
+    logs = Path(first["html"]).parent.parent / "logs"
+    write_report(first["inputs"], first["config"], "abc123def456", "0123456789", outputs["html"], outputs["md"],
+                 outputs["provenance"], logs)
+    dates = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
+    for kind in ("html", "md"):
+        assert dates.sub("DATE", outputs[kind].read_text()) == dates.sub("DATE", first[kind].read_text())
+    for png in (first["md"].parent / "figures").glob("*.png"):
+        assert (second_dir / "figures" / png.name).read_bytes() == png.read_bytes()
+
+
+def test_provenance_records_the_run(reports):
+    report = reports["all_pass"]
+    record = json.loads(report["provenance"].read_text())
+    assert record["config_hash"] == "abc123def456"
+    assert record["machine_fingerprint"] == "0123456789"
+    assert record["pipeline_wall_time_s"] == pytest.approx(60.5)
+    assert record["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40}", record["git_commit"])
+    assert set(record["inputs"]) >= {"latency", "recommendation", "validation_meta"}
+    assert all(re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]) for entry in record["inputs"].values())
+    assert "60.5 s" in report["md"].read_text()
