@@ -7,7 +7,7 @@
 of paths (fleet: the planner's fleet cells); the three validation files and the fleet cells are
 optional. Every number the report shows is read from those files, from the run's config, or computed
 here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
-source's own workload figures (SOURCE_WORKLOAD), the reference the calibration is checked against.
+source's own workload figures (config `reference`), the reference the calibration is checked against.
 The templates hold the words and the conditionals that choose them, never a number.
 
 The HTML is self-contained (figures as base64 PNG, inline CSS and JS) and lets the reader change
@@ -52,9 +52,6 @@ VALIDATION_INPUTS = ("validation", "validation_requests", "validation_meta")
 
 # What the capstone's source document states about its workload. They are the reference the run's
 # calibration is checked against, not results, so they cannot come from the run itself.
-SOURCE_WORKLOAD = {"requests": 600, "total_output_tokens": 48_136, "output_tokens_per_s": 473}
-
-
 @dataclass(frozen=True)
 class Validation:
     comparison: pd.DataFrame
@@ -334,7 +331,8 @@ def workload_section(config: dict, traces, rec: dict) -> dict:
     n = int(workload["num_requests"])
     expected_output = expected_length(workload["output"])
     totals = [int(t.output_tokens.sum()) for t in traces]
-    source_per_reply = SOURCE_WORKLOAD["total_output_tokens"] / SOURCE_WORKLOAD["requests"]
+    source = config["reference"]
+    source_per_reply = source["output_tokens"] / source["requests"]
     return {
         "spec": workload,
         "seeds": len(traces),
@@ -347,10 +345,10 @@ def workload_section(config: dict, traces, rec: dict) -> dict:
         "drawn_total_output_tokens": [min(totals), max(totals)],
         "expected_output_tokens_per_s": expected_output * float(workload["rate"]),
         "offered_tokens_per_s": rec["offered_tokens_per_s"],
-        "source": SOURCE_WORKLOAD,
+        "source": source,
         "source_per_reply": source_per_reply,
         "calibration_error": expected_output / source_per_reply - 1.0,
-        "same_request_count_as_source": n == SOURCE_WORKLOAD["requests"],
+        "same_request_count_as_source": n == source["requests"],
     }
 
 
