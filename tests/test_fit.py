@@ -76,6 +76,28 @@ def test_heldout_mape_is_measured_on_heldout_points_by_the_training_fit():
     assert np.abs(trained.validation_error_pct).max() < 1e-6
 
 
+def test_points_slowed_by_other_load_are_left_out_of_the_fit():
+    points = synthetic_points(KNOWN)
+    points["cpu_share"] = 0.97
+    contended = points.point_id.isin([0, 5, 20, 30, 40])
+    points.loc[contended, "median_s"] *= 3
+    points.loc[contended, "cpu_share"] = 0.4
+    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
+    for term, value in coefficients(KNOWN).items():
+        assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6), term
+    assert sorted(fit.report["contention"]["excluded_point_ids"]) == [0, 5, 20, 30, 40]
+    assert not fit.predictions[contended].used_in_fit.any() and not fit.predictions[contended].in_holdout.any()
+
+
+def test_a_kind_mostly_slowed_by_other_load_keeps_its_points():
+    points = synthetic_points(KNOWN)
+    points["cpu_share"] = np.where(points.kind == "prefill_cached", 0.4, 0.97)
+    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
+    assert fit.predictions[points.kind == "prefill_cached"].used_in_fit.all()
+    assert fit.report["contention"]["excluded_point_ids"] == []
+    assert len(fit.report["contention"]["kept_contended_point_ids"]) == 4
+
+
 def test_holdout_is_seeded_per_kind_and_leaves_training_points():
     points = synthetic_points(KNOWN)
     first, again, other = (holdout_mask(points, 0.25, seed) for seed in (5, 5, 6))
@@ -113,7 +135,8 @@ def test_quick_profile_fit_writes_the_cost_model_report_and_predictions(tmp_path
     run_fit(paths[0], paths[2], {"holdout_fraction": 0.25, "mape_goal": 0.05}, 0, *outputs)
 
     model = costmodel.load(outputs[0])
-    assert model.ctx_mode == "padded_max" and model.meta["machine_fingerprint"] == profile.meta["machine"]["fingerprint"]
+    assert model.ctx_mode == "padded_max"
+    assert model.meta["machine_fingerprint"] == profile.meta["machine"]["fingerprint"]
     assert all(getattr(model, term) >= 0 for term in PREFILL_TERMS + DECODE_TERMS)
     report = json.loads(outputs[1].read_text())
     assert set(report["coefficients"]) == set(PREFILL_TERMS + DECODE_TERMS)
@@ -122,5 +145,5 @@ def test_quick_profile_fit_writes_the_cost_model_report_and_predictions(tmp_path
     assert len(predictions) == len(profile.points)
     assert list(predictions.columns) == [
         "point_id", "kind", "batch", "prompt_len", "cached", "measured_s", "predicted_s", "error_pct",
-        "in_holdout", "validation_predicted_s", "validation_error_pct", "used_in_fit"]
+        "in_holdout", "validation_predicted_s", "validation_error_pct", "used_in_fit", "cpu_share"]
     assert predictions.in_holdout.any() and not predictions[predictions.kind == "prefill_batch"].used_in_fit.any()

@@ -17,10 +17,14 @@ The shipped coefficients come from all points. The held-out MAPE comes from a se
 training split only (a seeded share `holdout_fraction` of each kind held out), evaluated on the
 held-out points only, which estimates the error of the shipped fit on shapes it has not seen.
 
+Points measured while other processes competed for the cores (cpu_share < CONTENDED_CPU_SHARE) are
+left out of the fit and its scores, unless that would drop more than half the points of their kind; the
+report lists them. Batched prefill points are not fitted either (the engine prefills one sequence per
+call); they are predicted as `batch` separate prefill calls to show what batching would save.
+
 predictions CSV, one row per grid point: point_id, kind, batch, prompt_len, cached, measured_s,
 predicted_s, error_pct (shipped fit), in_holdout, validation_predicted_s, validation_error_pct
-(training-split fit), used_in_fit. Batched prefill points are not fitted (the engine prefills one
-sequence per call); they are predicted as `batch` separate prefill calls to show what batching would save.
+(training-split fit), used_in_fit, cpu_share.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import pandas as pd
 
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_csv, write_json
+from servingplan.profiling.machine import CONTENDED_CPU_SHARE
 
 PREFILL_KINDS = ("prefill", "prefill_cached")
 DECODE_KINDS = ("decode",)
@@ -116,6 +121,23 @@ def holdout_mask(points: pd.DataFrame, fraction: float, seed: int) -> np.ndarray
     return mask
 
 
+def contended_mask(points: pd.DataFrame) -> np.ndarray:
+    if "cpu_share" not in points:
+        return np.zeros(len(points), dtype=bool)
+    return points["cpu_share"].to_numpy() < CONTENDED_CPU_SHARE
+
+
+def kept_mask(points: pd.DataFrame, contended: np.ndarray) -> np.ndarray:
+    """Points left to fit on: the uncontended ones, except that a kind with fewer than half of its
+    points clean keeps them all, since dropping them would leave its terms fitted on too few shapes."""
+    clean = ~contended
+    for kind in points["kind"].unique():
+        rows = (points["kind"] == kind).to_numpy()
+        if 2 * clean[rows].sum() < rows.sum():
+            clean[rows] = True
+    return clean
+
+
 def r_squared(measured: np.ndarray, predicted: np.ndarray) -> float:
     residual = np.sum((measured - predicted) ** 2)
     total = np.sum((measured - measured.mean()) ** 2)
@@ -162,7 +184,8 @@ def physical_readings(coefficients: dict, meta: dict) -> dict:
                              "2 x (non-embedding params + LM head) / GEMM rate: one more token of matmuls"),
         "decode_per_ctx_token_s": (memory["kv_bytes_per_token"] / bandwidth,
                                    "kv_bytes_per_token / bandwidth: read one cached token's K and V once"),
-        "prefill_fixed_s": (memory["param_bytes"] / bandwidth, "param_bytes / bandwidth: stream every weight once"),
+        "prefill_fixed_s": (memory["param_bytes"] / bandwidth,
+                            "param_bytes / bandwidth: stream every weight once"),
         "prefill_per_token_s": (matmul_flops_per_token / gemm, "2 x non-embedding params / GEMM rate"),
         "prefill_per_token_sq_s": (attention_flops / gemm, "4 x n_layer x n_embd / GEMM rate: QK^T and AV"),
         "prefill_per_token_ctx_s": (attention_flops / gemm, "4 x n_layer x n_embd / GEMM rate: QK^T and AV"),
@@ -203,7 +226,9 @@ class Fit:
 def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_goal: float, seed: int) -> Fit:
     points = points.sort_values("point_id", ignore_index=True)
     fitted_kinds = PREFILL_KINDS + DECODE_KINDS
-    used = points["kind"].isin(fitted_kinds).to_numpy()
+    fitted = points["kind"].isin(fitted_kinds).to_numpy()
+    contended = contended_mask(points)
+    used = fitted & kept_mask(points, contended)
     held = holdout_mask(points[used], holdout_fraction, seed)
     in_holdout = np.zeros(len(points), dtype=bool)
     in_holdout[np.flatnonzero(used)[held]] = True
@@ -221,11 +246,11 @@ def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_
         "prompt_len": points["prompt_len"], "cached": points["cached"], "measured_s": measured,
         "predicted_s": predicted, "error_pct": error * 100, "in_holdout": in_holdout,
         "validation_predicted_s": validation_predicted, "validation_error_pct": validation_error * 100,
-        "used_in_fit": used,
+        "used_in_fit": used, "cpu_share": points["cpu_share"] if "cpu_share" in points else np.nan,
     })
     parts = {}
     for part, (kinds, terms, _) in PARTS.items():
-        rows = points["kind"].isin(kinds).to_numpy()
+        rows = points["kind"].isin(kinds).to_numpy() & used
         parts[part] = {
             "n_points": int(rows.sum()), "n_holdout": int((rows & in_holdout).sum()),
             "r2": r_squared(measured[rows], predicted[rows]),
@@ -252,12 +277,18 @@ def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_
         "ctx_mode": CTX_MODE,
         "parts": parts,
         "physical": physical_readings(shipped, meta),
-        "residual_structure": residual_structure(points, error, mape_goal),
+        "residual_structure": residual_structure(points[used], error[used], mape_goal),
+        "contention": {
+            "min_cpu_share": CONTENDED_CPU_SHARE,
+            "excluded_point_ids": points.loc[fitted & ~used, "point_id"].tolist(),
+            "kept_contended_point_ids": points.loc[used & contended, "point_id"].tolist(),
+        },
         "batched_prefill": [
             {"batch": int(row.batch), "prompt_len": int(row.prompt_len), "measured_s": row.median_s,
              "separate_calls_s": separate, "batched_over_separate": row.median_s / separate}
             for row, separate in zip(points[batched].itertuples(), predicted[batched])],
-        "holdout": {"fraction": holdout_fraction, "seed": seed, "point_ids": points.loc[in_holdout, "point_id"].tolist()},
+        "holdout": {"fraction": holdout_fraction, "seed": seed,
+                    "point_ids": points.loc[in_holdout, "point_id"].tolist()},
         "machine": meta["machine"], "roofline": meta["roofline"], "memory": meta["memory"],
     }
     return Fit(cost_model, report, predictions)

@@ -7,12 +7,14 @@ numbers describes what the engine does:
     decode_call(model, input_ids, cache, attention_mask, position_ids)
                                                           one new token for each of B padded sequences
     random_kv_cache(config, batch, context, generator)    a DynamicCache as B prefills of `context` tokens leave it
+    configure_allocator()                                 process-wide malloc setting both must run under
 
 Profiling:
 
     run_profile(profile_cfg, model_cfg, seed, quick=False, threads=None, progress=True) -> Profile
     Profile.write(points_csv, samples_csv, meta_json)      atomic writes
 
+run_profile calls configure_allocator() first: the engine must too (see its docstring).
 `profile_cfg` and `model_cfg` are the `profile` and `model` sections of config.yaml. `quick` swaps in
 a 2-layer model and a tiny grid (QUICK_PROFILE) that run in seconds. Grid points, in kinds:
 
@@ -28,15 +30,19 @@ points CSV, one row per grid point:
     sequence), cached (tokens per sequence already in the KV cache), median_s, p10_s, p90_s, mean_s,
     min_s, n_repeats, flops, bytes (weights + KV read), floor_mem_s (bytes / probed bandwidth),
     floor_compute_s (flops / probed GEMM rate), floor_s (the larger), bound, efficiency (floor_s/median_s),
-    cpu_share (CPU time the process got over threads x wall time while repeating: well below 1 means
-    other load competed for the cores and the point is slower than this machine alone would be)
-samples CSV, one row per timed call: point_id, kind, batch, prompt_len, cached, repeat, seconds
-meta JSON: machine, roofline probes, model, memory (param bytes, KV bytes per token measured and
-    expected, peak RSS), the settings used, load averages, cpu_share summary, and wall_time_s of the
-    whole profile.
+    cpu_share (median over its calls of the CPU time the process got over threads x wall time: well
+    below 1 means other load competed for the cores and the point is slower than the machine alone),
+    attempts (a point with cpu_share < machine.CONTENDED_CPU_SHARE is measured again after the pass
+    and keeps the attempt with the higher share)
+samples CSV, one row per timed call: point_id, kind, batch, prompt_len, cached, repeat, seconds, cpu_share
+meta JSON: machine, roofline probes (run before and after the grid, the faster kept), model, memory
+    (param bytes, KV bytes per token measured and expected, peak RSS), the settings used, load
+    averages, cpu_share summary, and wall_time_s of the whole profile.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import os
 import random
@@ -68,6 +74,32 @@ QUICK_PROFILE = {
     "decode_batches": [1, 2, 4], "decode_contexts": [8, 32], "cached_prefill": [(8, 16), (16, 16)],
     "probe_bytes": 8 * 2**20, "gemm_size": 128,
 }
+
+
+# glibc mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+INT_MAX = 2**31 - 1
+
+
+def configure_allocator() -> str:
+    """Keep freed memory in the process for reuse instead of handing it back to the OS.
+
+    A DynamicCache grows by torch.cat, which allocates every layer's cache anew at each decode step.
+    Under glibc's defaults a block above 32 MiB (one layer's keys beyond ~11k batch x context tokens
+    for GPT-2 small) is mmap-ed fresh each time and all its pages faulted in and zeroed: on the 2-core
+    profiling machine decode at batch 64 x 768 tokens took 1.5 s instead of 0.54 s, and the step time
+    bent upward past that size instead of growing linearly with the KV tokens read. Serving every block
+    from the heap and never trimming it reuses the pages. It is process-wide and must be in force in
+    the engine as in the profiler, or the engine runs slower than its cost model. Returns what was set.
+    """
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return "system default (no glibc mallopt)"
+    if mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, INT_MAX):
+        return "glibc: no mmap, no trim"
+    return "system default (mallopt refused)"
 
 
 @torch.inference_mode()
@@ -121,24 +153,26 @@ def build_grid(settings: dict) -> list[GridPoint]:
 
 
 def time_point(call, reset, warmup: int, min_repeats: int, max_repeats: int,
-               budget_s: float) -> tuple[list[float], float]:
-    """Seconds of each timed `call` (`reset` restores its inputs outside the timed region), and the
-    share of the threads' wall time this process got on a CPU while repeating: other load on the
-    machine shows as a share well below one."""
+               budget_s: float) -> tuple[list[float], list[float]]:
+    """Seconds of each timed `call` (`reset` restores its inputs outside the timed region), and for
+    each call the CPU time the process got over threads x wall time: other load competing for the
+    cores shows as a share well below one."""
     for _ in range(warmup):
         call()
         reset()
-    samples = []
-    cpu_started = time.process_time()
+    threads = torch.get_num_threads()
+    samples, cpu_shares = [], []
     started = time.perf_counter()
     while len(samples) < min_repeats or (len(samples) < max_repeats
                                          and time.perf_counter() - started < budget_s):
+        cpu_start = time.process_time()
         start = time.perf_counter()
         call()
-        samples.append(time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        cpu_shares.append((time.process_time() - cpu_start) / (elapsed * threads))
+        samples.append(elapsed)
         reset()
-    cpu_share = (time.process_time() - cpu_started) / ((time.perf_counter() - started) * torch.get_num_threads())
-    return samples, cpu_share
+    return samples, cpu_shares
 
 
 def point_runner(model, point: GridPoint, generator: torch.Generator):
@@ -206,11 +240,12 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     if model_cfg.get("dtype", "float32") != "float32":
         raise ValueError(f"model dtype {model_cfg['dtype']!r}: only float32 is supported")
     settings = profile_settings(profile_cfg, quick)
+    allocator = configure_allocator()
     threads = machine.configure_threads(threads or settings.get("threads"))
     source = RANDOM_SOURCE if quick else model_cfg["source"]
     model, model_meta = load_model(source, seed, QUICK_CONFIG_OVERRIDES if quick else None)
     rss_after_load = psutil.Process().memory_info().rss
-    roofline = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"])
+    roofline_at_start = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"])
     kv_bytes_per_token = measured_kv_bytes_per_token(model)
 
     grid = build_grid(settings)
@@ -219,23 +254,43 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     # spread over the grid instead of a trend along one axis that the fit would mistake for cost.
     random.Random(seed).shuffle(order)
     generator = torch.Generator().manual_seed(seed)
-    rows, sample_rows = [], []
+    attempts = {}
     with torch.inference_mode(), tqdm(total=len(grid), desc="profile", unit="pt", file=sys.stderr,
                                       disable=not progress) as bar:
-        for position, point_id in enumerate(order):
-            point = grid[point_id]
+        def measure(point: GridPoint):
             bar.set_postfix_str(f"{point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}")
             gc.collect()
             call, reset = point_runner(model, point, generator)
-            samples, cpu_share = time_point(call, reset, settings["warmup"], settings["min_repeats"],
+            attempt = time_point(call, reset, settings["warmup"], settings["min_repeats"],
                                  settings["max_repeats"], settings["point_budget_s"])
-            del call, reset
-            rows.append({**_point_row(point_id, position, point, samples, model_meta, kv_bytes_per_token, roofline),
-                         "cpu_share": cpu_share})
-            sample_rows += [{"point_id": point_id, "kind": point.kind, "batch": point.batch,
-                             "prompt_len": point.prompt_len, "cached": point.cached,
-                             "repeat": repeat, "seconds": seconds} for repeat, seconds in enumerate(samples)]
             bar.update()
+            return attempt
+
+        for point_id in order:
+            attempts[point_id] = [measure(grid[point_id])]
+        # Other load tends to come in bursts: the points it slowed get a second chance after the pass.
+        contended = [point_id for point_id in order
+                     if np.median(attempts[point_id][0][1]) < machine.CONTENDED_CPU_SHARE]
+        bar.total += len(contended)
+        for point_id in contended:
+            attempts[point_id].append(measure(grid[point_id]))
+    # Other load can only slow a probe down, so the faster of the two runs is the machine's.
+    roofline_at_end = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"])
+    roofline = {**roofline_at_start,
+                "bandwidth_gbs": max(roofline_at_start["bandwidth_gbs"], roofline_at_end["bandwidth_gbs"]),
+                "gemm_gflops": max(roofline_at_start["gemm_gflops"], roofline_at_end["gemm_gflops"]),
+                "at_start": roofline_at_start, "at_end": roofline_at_end}
+
+    rows, sample_rows = [], []
+    for position, point_id in enumerate(order):
+        point = grid[point_id]
+        samples, cpu_shares = max(attempts[point_id], key=lambda attempt: np.median(attempt[1]))
+        rows.append({**_point_row(point_id, position, point, samples, model_meta, kv_bytes_per_token, roofline),
+                     "cpu_share": float(np.median(cpu_shares)), "attempts": len(attempts[point_id])})
+        sample_rows += [{"point_id": point_id, "kind": point.kind, "batch": point.batch,
+                         "prompt_len": point.prompt_len, "cached": point.cached,
+                         "repeat": repeat, "seconds": seconds, "cpu_share": share}
+                        for repeat, (seconds, share) in enumerate(zip(samples, cpu_shares))]
 
     points = pd.DataFrame(rows).sort_values("point_id", ignore_index=True)
     samples_frame = pd.DataFrame(sample_rows).sort_values(["point_id", "repeat"], ignore_index=True)
@@ -255,6 +310,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                      "cached_prefill": [list(p) for p in settings.get("cached_prefill", CACHED_PREFILL_POINTS)],
                      "batched_prefill_len": BATCHED_PREFILL_LEN},
         "n_points": len(grid),
+        "allocator": allocator,
         "load_average": {"start": load_at_start, "end": os.getloadavg()},
         "cpu_share": {"min": float(points["cpu_share"].min()), "median": float(points["cpu_share"].median())},
         "wall_time_s": time.perf_counter() - started,
