@@ -122,6 +122,14 @@ def _env(run_dir: Path) -> dict[str, str]:
     return env
 
 
+_PROGRESS = re.compile(r"\d+%\|")  # progress-bar lines, left out of failure messages
+_FAILED_JOB_LOG = re.compile(r"log: (\S+) \(check log file")
+
+
+def _tail(text: str, chars: int) -> str:
+    return "\n".join(line for line in text.splitlines() if not _PROGRESS.search(line))[-chars:]
+
+
 def _snakemake(run_dir: Path, args: list[str], timeout: int) -> float:
     # targets before --configfile, which takes several values
     cmd = [sys.executable, "-m", "snakemake", *args, *TARGETS, "--configfile", QUICK_CONFIG]
@@ -131,14 +139,16 @@ def _snakemake(run_dir: Path, args: list[str], timeout: int) -> float:
     )
     wall = time.monotonic() - start
     if proc.returncode != 0:
-        slurm_logs = sorted((run_dir / ".snakemake" / "slurm_logs").rglob("*.log"))
+        # the failed jobs' own logs, and SLURM's logs of the last jobs
+        logs = [run_dir / m for m in dict.fromkeys(_FAILED_JOB_LOG.findall(proc.stderr))]
+        logs += sorted((run_dir / ".snakemake" / "slurm_logs").rglob("*.log"))[-3:]
         tails = "".join(
-            f"\n--- {p.relative_to(run_dir)}\n" + p.read_text(errors="replace")[-2000:]
-            for p in slurm_logs[-3:]
+            f"\n--- {p.relative_to(run_dir)}\n" + _tail(p.read_text(errors="replace"), 2000)
+            for p in logs if p.is_file()
         )
         pytest.fail(
             f"{' '.join(cmd)} (in {run_dir}) exited {proc.returncode} after {wall:.0f}s\n"
-            f"--- stderr (tail)\n{proc.stderr[-6000:]}{tails}"
+            f"--- stderr (tail)\n{_tail(proc.stderr, 5000)}{tails}"
         )
     return wall
 
