@@ -79,13 +79,13 @@ def test_heldout_mape_is_measured_on_heldout_points_by_the_training_fit():
 def test_points_slowed_by_other_load_are_left_out_of_the_fit():
     points = synthetic_points(KNOWN)
     points["cpu_share"] = 0.97
-    contended = points.point_id.isin([0, 5, 20, 30, 40])
+    contended = points.point_id.isin([0, 5, 22, 30, 40])
     points.loc[contended, "median_s"] *= 3
     points.loc[contended, "cpu_share"] = 0.4
     fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
     for term, value in coefficients(KNOWN).items():
         assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6), term
-    assert sorted(fit.report["contention"]["excluded_point_ids"]) == [0, 5, 20, 30, 40]
+    assert sorted(fit.report["contention"]["excluded_point_ids"]) == [0, 5, 22, 30, 40]
     assert not fit.predictions[contended].used_in_fit.any() and not fit.predictions[contended].in_holdout.any()
 
 
@@ -96,6 +96,17 @@ def test_a_kind_mostly_slowed_by_other_load_keeps_its_points():
     assert fit.predictions[points.kind == "prefill_cached"].used_in_fit.all()
     assert fit.report["contention"]["excluded_point_ids"] == []
     assert len(fit.report["contention"]["kept_contended_point_ids"]) == 4
+
+
+def test_decode_below_the_fitted_batch_range_is_reported_not_fitted():
+    points = synthetic_points(KNOWN)
+    batch_one = ((points.kind == "decode") & (points.batch == 1)).to_numpy()
+    points.loc[batch_one, "median_s"] *= 0.5
+    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
+    for term, value in coefficients(KNOWN).items():
+        assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6), term
+    assert fit.report["decode_below_min_batch"]["measured_over_predicted"] == pytest.approx(0.5)
+    assert not fit.predictions[batch_one].used_in_fit.any()
 
 
 def test_holdout_is_seeded_per_kind_and_leaves_training_points():

@@ -17,7 +17,7 @@ import psutil
 
 PROBE_REPEATS = 7
 # A call that got less CPU time than this share of threads x wall time was slowed by other processes.
-CONTENDED_CPU_SHARE = 0.75
+CONTENDED_CPU_SHARE = 0.8
 
 
 def resolve_threads(threads: int | None) -> int:
