@@ -1,13 +1,16 @@
 import glob
 import hashlib
 import json
+import os
 
 from servingplan.config import check_or_exit
 from servingplan.profiling.machine import fingerprint
 
 check_or_exit(config)
 
-MACHINE = fingerprint(config["profile"]["threads"])
+# The profile describes the machine snakemake was started on. Cluster jobs re-read this file on their
+# node and inherit the submit host's environment, so they keep its fingerprint instead of their own.
+MACHINE = os.environ.setdefault("SERVINGPLAN_MACHINE", fingerprint(config["profile"]["threads"]))
 PROFILE_DIR = f"results/profile/{MACHINE}"
 SEEDS = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
 CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
