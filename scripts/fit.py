@@ -1,9 +1,10 @@
 """Snakemake script: fit the step-time cost model to a profile.
 
-input: points, meta (the profile's); params: fit (config section), seed;
-output: cost_model, report, predictions.
+input: points, machine (the profile's CSV and meta JSON); params: fit (config section), seed;
+output: costmodel, report, predicted.
 """
 from servingplan.profiling.fit import run_fit
 
-run_fit(snakemake.input.points, snakemake.input.meta, snakemake.params.fit, snakemake.params.seed,  # noqa: F821
-        snakemake.output.cost_model, snakemake.output.report, snakemake.output.predictions)  # noqa: F821
+run_fit(snakemake.input.points, snakemake.input.machine, snakemake.params.fit,  # noqa: F821
+        snakemake.params.seed, snakemake.output.costmodel, snakemake.output.report,  # noqa: F821
+        snakemake.output.predicted)  # noqa: F821

@@ -8,7 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from servingplan.profiling import machine
 from servingplan.profiling.measure import (
-    QUICK_PROFILE, build_grid, decode_call, prefill_call, profile_settings, random_kv_cache, run_profile,
+    QUICK_PROFILE, VISITS, build_grid, kept_attempt, decode_call, prefill_call, profile_settings, random_kv_cache, run_profile,
 )
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
 
@@ -97,6 +97,12 @@ def test_fingerprint_is_stable_and_depends_on_threads():
     assert machine.fingerprint(0) == machine.fingerprint(machine.resolve_threads(0))
 
 
+def test_a_point_keeps_its_fastest_uncontended_attempt_or_else_its_least_contended():
+    slow_clean, fast_contended, fast_clean = ([1.0] * 3, [0.9] * 3), ([0.5] * 3, [0.3] * 3), ([0.8] * 3, [0.95] * 3)
+    assert kept_attempt([slow_clean, fast_contended, fast_clean]) == 2
+    assert kept_attempt([fast_contended, ([2.0] * 3, [0.6] * 3)]) == 1
+
+
 @pytest.fixture(scope="module")
 def quick_profile(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile")
@@ -117,10 +123,13 @@ def test_quick_profile_measures_every_grid_point_with_positive_times(quick_profi
     assert (points.median_s > 0).all() and (points.floor_s > 0).all() and (points.efficiency > 0).all()
     assert (points.p10_s <= points.median_s).all() and (points.median_s <= points.p90_s).all()
     assert points.n_repeats.between(QUICK_PROFILE["min_repeats"], QUICK_PROFILE["max_repeats"]).all()
-    assert sorted(points.order) == list(range(len(points)))
-    assert len(samples) == points.n_repeats.sum()
+    assert (points.attempts >= VISITS).all()
+    assert (samples.groupby("point_id").attempt.nunique().loc[points.point_id] == points.attempts.to_numpy()).all()
     assert (samples.seconds > 0).all()
-    medians = samples.groupby("point_id").seconds.median()
+    kept = samples[samples.kept]
+    assert len(kept) == points.n_repeats.sum()
+    assert (kept.groupby("point_id").attempt.first().loc[points.point_id] == points.kept_attempt.to_numpy()).all()
+    medians = kept.groupby("point_id").seconds.median()
     assert medians.loc[points.point_id].to_numpy() == pytest.approx(points.median_s.to_numpy())
 
 

@@ -14,14 +14,14 @@ The engine pads a decode batch to its longest sequence, so the decode call reads
 tokens: the cost model is written with ctx_mode "padded_max" (on the profile grid every sequence has
 the same context, so the fit is the same for either mode).
 
-The shipped coefficients come from all points. The held-out MAPE comes from a second fit on the
+The shipped coefficients come from all fitted points. The held-out MAPE comes from a second fit on the
 training split only (a seeded share `holdout_fraction` of each kind held out), evaluated on the
 held-out points only, which estimates the error of the shipped fit on shapes it has not seen.
 
 Points measured while other processes competed for the cores (cpu_share < CONTENDED_CPU_SHARE) are
-left out of the fit and its scores, unless that would drop more than half the points of their kind; the
-report lists them. Batched prefill points are not fitted either (the engine prefills one sequence per
-call); they are predicted as `batch` separate prefill calls to show what batching would save.
+left out of the fit and its scores, unless that would drop more than half the points of their kind;
+the report lists them. Batched prefill points are not fitted either (the engine prefills one sequence
+per call); they are predicted as `batch` separate prefill calls to show what batching would save.
 
 predictions CSV, one row per grid point: point_id, kind, batch, prompt_len, cached, measured_s,
 predicted_s, error_pct (shipped fit), in_holdout, validation_predicted_s, validation_error_pct
@@ -145,6 +145,10 @@ def kept_mask(points: pd.DataFrame, contended: np.ndarray) -> np.ndarray:
     return clean
 
 
+def mean_ratio(measured: np.ndarray, predicted: np.ndarray, rows: np.ndarray) -> float | None:
+    return float(np.mean(measured[rows] / predicted[rows])) if rows.any() else None
+
+
 def r_squared(measured: np.ndarray, predicted: np.ndarray) -> float:
     residual = np.sum((measured - predicted) ** 2)
     total = np.sum((measured - measured.mean()) ** 2)
@@ -233,9 +237,10 @@ class Fit:
 def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_goal: float, seed: int) -> Fit:
     points = points.sort_values("point_id", ignore_index=True)
     fitted_kinds = PREFILL_KINDS + DECODE_KINDS
-    below_min_batch = ((points["kind"].isin(DECODE_KINDS)) & (points["batch"] < DECODE_FIT_MIN_BATCH)).to_numpy()
+    below_min_batch = (points["kind"].isin(DECODE_KINDS) & (points["batch"] < DECODE_FIT_MIN_BATCH)).to_numpy()
     fitted = points["kind"].isin(fitted_kinds).to_numpy() & ~below_min_batch
     contended = contended_mask(points)
+    small_clean = below_min_batch & ~contended
     used = fitted & kept_mask(points, contended)
     held = holdout_mask(points[used], holdout_fraction, seed)
     in_holdout = np.zeros(len(points), dtype=bool)
@@ -285,12 +290,8 @@ def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_
         "ctx_mode": CTX_MODE,
         "parts": parts,
         "physical": physical_readings(shipped, meta),
-        "decode_below_min_batch": {
-            "fit_min_batch": DECODE_FIT_MIN_BATCH,
-            "measured_over_predicted": float(np.mean(measured[below_min_batch & ~contended]
-                                                     / predicted[below_min_batch & ~contended]))
-            if (below_min_batch & ~contended).any() else None,
-        },
+        "decode_below_min_batch": {"fit_min_batch": DECODE_FIT_MIN_BATCH,
+                                   "measured_over_predicted": mean_ratio(measured, predicted, small_clean)},
         "residual_structure": residual_structure(points[used], error[used], mape_goal),
         "contention": {
             "min_cpu_share": CONTENDED_CPU_SHARE,
