@@ -39,7 +39,7 @@ def synthetic_meta() -> dict:
                   "n_layer": 12, "n_embd": 768, "vocab_size": 50257},
         "memory": {"param_bytes": 497_759_232, "kv_bytes_per_token": 73_728},
         "roofline": {"bandwidth_gbs": 20.0, "gemm_gflops": 100.0},
-        "settings": {"quick": False},
+        "settings": {"tiny": False},
         "wall_time_s": 1.0,
     }
 

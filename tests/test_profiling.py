@@ -135,7 +135,7 @@ def test_quick_profile_measures_every_grid_point_with_positive_times(quick_profi
 
 def test_quick_profile_metadata(quick_profile):
     meta = quick_profile[2]
-    assert meta["wall_time_s"] > 0 and meta["settings"]["quick"]
+    assert meta["wall_time_s"] > 0 and meta["settings"]["quick"] and meta["settings"]["tiny"]
     assert meta["model"]["n_layer"] == QUICK_CONFIG_OVERRIDES["n_layer"]
     assert meta["roofline"]["bandwidth_gbs"] > 0 and meta["roofline"]["gemm_gflops"] > 0
     assert meta["machine"]["fingerprint"] == machine.fingerprint(meta["machine"]["threads"])
@@ -150,3 +150,13 @@ def test_measured_kv_bytes_per_token_is_two_tensors_per_layer_in_float32(quick_p
 def test_only_float32_is_profiled():
     with pytest.raises(ValueError, match="float32"):
         run_profile(PROFILE_CFG, {"source": "random", "dtype": "bfloat16"}, seed=0, quick=True, progress=False)
+
+
+def test_tiny_model_setting_keeps_the_configured_grid():
+    grid = {**QUICK_PROFILE, "prefill_lengths": [8], "prefill_batches": [1], "decode_batches": [2],
+            "decode_contexts": [4], "cached_prefill": [(4, 4)]}
+    profile = run_profile(grid, {"source": "random", "dtype": "float32", "tiny": True}, seed=0, progress=False)
+    assert profile.meta["model"]["n_layer"] == QUICK_CONFIG_OVERRIDES["n_layer"]
+    assert not profile.meta["settings"]["quick"] and profile.meta["settings"]["tiny"]
+    assert set(zip(profile.points.kind, profile.points.batch, profile.points.prompt_len, profile.points.cached)) == {
+        ("prefill", 1, 8, 0), ("prefill_batch", 1, 128, 0), ("prefill_cached", 1, 4, 4), ("decode", 2, 1, 4)}

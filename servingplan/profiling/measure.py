@@ -16,7 +16,9 @@ Profiling:
 
 run_profile calls configure_allocator() first: the engine must too (see its docstring).
 `profile_cfg` and `model_cfg` are the `profile` and `model` sections of config.yaml. `quick` swaps in
-a 2-layer model and a tiny grid (QUICK_PROFILE) that run in seconds. Grid points, in kinds:
+a 2-layer random model (QUICK_CONFIG_OVERRIDES) and a tiny grid (QUICK_PROFILE) that run in seconds;
+model_cfg["tiny"] (config/quick.yaml) swaps in the 2-layer model alone and keeps profile_cfg's grid.
+Grid points, in kinds:
 
     prefill         batch 1, prompt_len in profile.prefill_lengths, nothing cached
     prefill_batch   batch in profile.prefill_batches, prompt_len BATCHED_PREFILL_LEN (informative only:
@@ -241,8 +243,9 @@ def profile_settings(profile_cfg: dict, quick: bool) -> dict:
 
 def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = False,
                 threads: int | None = None, progress: bool = True) -> Profile:
-    """Profile the model of `model_cfg` over the grid of `profile_cfg` (or the quick grid and tiny
-    random model). `threads` overrides profile_cfg["threads"]; 0/None there means all cores."""
+    """Profile the model of `model_cfg` over the grid of `profile_cfg`; `quick` swaps in QUICK_PROFILE's
+    grid and the tiny random model, model_cfg["tiny"] the tiny model alone. `threads` overrides
+    profile_cfg["threads"]; 0/None there means all cores."""
     started = time.perf_counter()
     load_at_start = os.getloadavg()
     if model_cfg.get("dtype", "float32") != "float32":
@@ -250,8 +253,9 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     settings = profile_settings(profile_cfg, quick)
     allocator = configure_allocator()
     threads = machine.configure_threads(threads or settings.get("threads"))
-    source = RANDOM_SOURCE if quick else model_cfg["source"]
-    model, model_meta = load_model(source, seed, QUICK_CONFIG_OVERRIDES if quick else None)
+    tiny = quick or model_cfg.get("tiny", False)
+    source = RANDOM_SOURCE if tiny else model_cfg["source"]
+    model, model_meta = load_model(source, seed, QUICK_CONFIG_OVERRIDES if tiny else None)
     rss_after_load = psutil.Process().memory_info().rss
     roofline_at_start = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"])
     kv_bytes_per_token = measured_kv_bytes_per_token(model)
@@ -317,7 +321,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
             "rss_after_load_bytes": rss_after_load,
             "peak_rss_bytes": peak_rss_bytes(),
         },
-        "settings": {**settings, "quick": quick, "seed": seed, "threads": threads, "visits": VISITS,
+        "settings": {**settings, "quick": quick, "tiny": tiny, "seed": seed, "threads": threads, "visits": VISITS,
                      "cached_prefill": [list(p) for p in settings.get("cached_prefill", CACHED_PREFILL_POINTS)],
                      "batched_prefill_len": BATCHED_PREFILL_LEN},
         "n_points": len(grid),
