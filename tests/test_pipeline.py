@@ -11,17 +11,17 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICK = "config/quick.yaml"
 
 
-def snakemake(workdir: Path, *args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", QUICK, *args],
+def snakemake(workdir: Path, *args, configfile=QUICK, check=True):
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", configfile],
                           cwd=workdir, capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
 
 
-def planned_rules(workdir: Path, *args) -> set:
+def planned_rules(workdir: Path, configfile=QUICK) -> set:
     """Rules a dry run would execute."""
-    out = snakemake(workdir, "-n", "--quiet", "rules", *args).stdout
+    out = snakemake(workdir, "-n", "--quiet", "rules", configfile=configfile).stdout
     rules = set()
     for line in out.splitlines():
         parts = line.split()
@@ -59,14 +59,19 @@ def test_noop_rerun_does_nothing(pipeline):
 def test_price_change_reruns_only_cost_and_report(pipeline):
     config = yaml.safe_load((pipeline / QUICK).read_text())
     config["cost"]["price_per_hour"] = 2.5
-    (pipeline / "config" / "pricier.yaml").write_text(yaml.safe_dump(config))
-    assert planned_rules(pipeline, "--configfile", "config/pricier.yaml") == {"cost", "report", "all"}
+    (pipeline / "config" / "pricier.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    assert planned_rules(pipeline, configfile="config/pricier.yaml") == {"cost", "report", "all"}
 
 
 def test_simulator_edit_reruns_simulation_but_not_profiling(pipeline):
     scheduler = pipeline / "servingplan" / "sim" / "scheduler.py"
-    scheduler.touch()
-    rules = planned_rules(pipeline)
+    original = scheduler.read_text()
+    # a real edit: Snakemake compares content, so touching the file alone changes nothing
+    scheduler.write_text(original + "\n# edited\n")
+    try:
+        rules = planned_rules(pipeline)
+    finally:
+        scheduler.write_text(original)
     assert {"sweep_cell", "capacity_cell", "fleet_cell"} <= rules
     assert "profile" not in rules and "fit" not in rules
 
@@ -84,8 +89,8 @@ def test_simulation_outputs_are_byte_identical_on_rerun(pipeline):
 def test_bad_config_stops_before_any_work_with_one_line(pipeline):
     config = yaml.safe_load((pipeline / QUICK).read_text())
     config["sweep"]["caps"] = [4, -2]
-    (pipeline / "config" / "bad.yaml").write_text(yaml.safe_dump(config))
-    proc = snakemake(pipeline, "--configfile", "config/bad.yaml", check=False)
+    (pipeline / "config" / "bad.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = snakemake(pipeline, configfile="config/bad.yaml", check=False)
     assert proc.returncode != 0
     lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "config error" in l]
     assert lines == ["config error: sweep.caps[1] = -2: must be >= 1"]

@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache
 
 from servingplan.profiling.machine import configure_threads
-from servingplan.profiling.measure import decode_call, prefill_call
+from servingplan.profiling.measure import configure_allocator, decode_call, prefill_call
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 from servingplan.sim.simulator import SimResult, _queue_growth
 from servingplan.workload import Trace
@@ -172,6 +172,8 @@ class Engine:
         self.kv_blocks = kv_blocks
         self.block_size = block_size
         self.threads = configure_threads(threads)
+        # the profiler measured under this malloc setting; without it the engine runs slower than its model
+        self.allocator = configure_allocator()
 
     @torch.inference_mode()
     def run(self, trace: Trace, max_wall_s: float = DEFAULT_MAX_WALL_S, seed: int = 0) -> EngineRun:
