@@ -1,10 +1,10 @@
-"""Snakemake script: fit the step-time cost model to a profile.
-
-input: points, machine (the profile's CSV and meta JSON); params: fit (config section), seed;
-output: costmodel, report, predicted.
-"""
+from servingplan.pipeline import run_stage
 from servingplan.profiling.fit import run_fit
 
-run_fit(snakemake.input.points, snakemake.input.machine, snakemake.params.fit,  # noqa: F821
-        snakemake.params.seed, snakemake.output.costmodel, snakemake.output.report,  # noqa: F821
-        snakemake.output.predicted)  # noqa: F821
+
+def main(sm):
+    run_fit(sm.input.points, sm.input.machine, sm.params.fit, sm.params.seed, sm.output.costmodel,
+            sm.output.report, sm.output.predicted)
+
+
+run_stage(snakemake, main)

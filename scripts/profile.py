@@ -1,14 +1,12 @@
-"""Snakemake script: profile the model on this machine.
-
-params: profile, model (config sections), seed, quick; output: points, samples, machine (the meta JSON);
-log: where the progress bar goes.
-"""
-from contextlib import redirect_stderr
-
+from servingplan.pipeline import run_stage
 from servingplan.profiling.measure import run_profile
 
-params = snakemake.params  # noqa: F821 - injected by Snakemake
-with open(snakemake.log[0], "w") as log, redirect_stderr(log):  # noqa: F821
-    profile = run_profile(params.profile, params.model, params.seed, quick=bool(params.quick),
-                          threads=params.profile["threads"] or snakemake.threads)  # noqa: F821
-profile.write(snakemake.output.points, snakemake.output.samples, snakemake.output.machine)  # noqa: F821
+
+def main(sm):
+    # Threads come from the config (0 = every core of this machine), never from snakemake's --cores,
+    # which may exceed the machine's cores and would oversubscribe it while timing.
+    profile = run_profile(sm.params.profile, sm.params.model, sm.params.seed, quick=bool(sm.params.quick))
+    profile.write(sm.output.points, sm.output.samples, sm.output.machine)
+
+
+run_stage(snakemake, main)
