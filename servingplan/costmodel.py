@@ -3,23 +3,32 @@
 A step runs one batched decode call for the sequences that are decoding, plus one prefill call
 per sequence that is processing prompt tokens (a whole prompt or one chunk of it):
 
-    t_step = [B > 0] * (a + b*B + c*ctx_read)
+    t_step = [B > 0] * (f(B) + c*ctx_read)
              + sum_i (p0 + p1*L_i + p2*L_i**2 + p3*L_i*P_i)
 
 B is the number of decoding sequences, ctx_read the KV tokens the decode call reads (the sum of
 their context lengths, or B times the longest when the engine pads, `ctx_mode`), L_i the prompt
 tokens of prefill call i and P_i the tokens of that prompt already in the cache (earlier chunks).
 
+f(B), the batch-dependent part of a decode step, is the line a + b*B unless the model carries a
+per-batch table (batch, seconds): then f is the table, linearly interpolated between its batches,
+held at its first value below the smallest batch, and continued with slope b beyond the largest
+(table[-1] + b*(B - B_last)). CPU kernels change with the batch size, so the measured f(B) is not a
+line at small batches. The context term stays linear in either case, so a run of decode steps at a
+fixed batch still grows by c*B per step (the simulator's fast-forward relies on it).
+
 The JSON contract (written by the fit stage, read by the simulator):
 
     {"schema_version": 1, "name": str, "source": str,
-     "decode":  {"fixed_s": a, "per_seq_s": b, "per_ctx_token_s": c, "ctx_mode": "sum"|"padded_max"},
+     "decode":  {"fixed_s": a, "per_seq_s": b, "per_ctx_token_s": c, "ctx_mode": "sum"|"padded_max",
+                 "batch_fixed_s": {"batches": [B, ...], "fixed_s": [f(B), ...]}},   # optional
      "prefill": {"fixed_s": p0, "per_token_s": p1, "per_token_sq_s": p2, "per_token_ctx_s": p3},
      "meta": {...}}
 """
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,16 +49,40 @@ class CostModel:
     name: str = "custom"
     source: str = ""
     meta: dict = field(default_factory=dict, compare=False)
+    decode_batch_fixed_s: tuple = ()  # ((batch, seconds), ...): f(B) measured per batch; empty = the line
 
     def __post_init__(self):
         if self.ctx_mode not in CTX_MODES:
             raise ValueError(f"cost model ctx_mode={self.ctx_mode!r}: allowed {CTX_MODES}")
+        table = tuple(sorted((int(b), float(s)) for b, s in self.decode_batch_fixed_s))
+        batches = tuple(b for b, _ in table)
+        if any(b < 1 for b in batches) or len(set(batches)) < len(batches):
+            raise ValueError(f"cost model decode_batch_fixed_s batches {list(batches)}: need distinct batches >= 1")
+        # Normalised so equality and JSON do not depend on the input's order or container types; the
+        # split columns are what decode_time bisects on every simulated step.
+        object.__setattr__(self, "decode_batch_fixed_s", table)
+        object.__setattr__(self, "_table_batches", batches)
+        object.__setattr__(self, "_table_seconds", tuple(s for _, s in table))
+
+    def decode_batch_time(self, batch: int) -> float:
+        """f(B): the part of a decode step that depends on the batch size alone."""
+        batches = self._table_batches
+        if not batches:
+            return self.decode_fixed_s + self.decode_per_seq_s * batch
+        seconds = self._table_seconds
+        i = bisect_left(batches, batch)
+        if i == len(batches):
+            return seconds[-1] + self.decode_per_seq_s * (batch - batches[-1])
+        if batches[i] == batch or i == 0:
+            return seconds[i]
+        share = (batch - batches[i - 1]) / (batches[i] - batches[i - 1])
+        return seconds[i - 1] + share * (seconds[i] - seconds[i - 1])
 
     def decode_time(self, batch: int, ctx_sum: float, ctx_max: float = 0.0) -> float:
         if batch <= 0:
             return 0.0
         ctx = batch * ctx_max if self.ctx_mode == "padded_max" else ctx_sum
-        return self.decode_fixed_s + self.decode_per_seq_s * batch + self.decode_per_ctx_token_s * ctx
+        return self.decode_batch_time(batch) + self.decode_per_ctx_token_s * ctx
 
     def prefill_time(self, tokens: int, cached: int = 0) -> float:
         if tokens <= 0:
@@ -68,13 +101,17 @@ class CostModel:
         return CostModel(self.decode_fixed_s * k, self.decode_per_seq_s * k, self.decode_per_ctx_token_s * k,
                          self.prefill_fixed_s * k, self.prefill_per_token_s * k,
                          self.prefill_per_token_sq_s * k, self.prefill_per_token_ctx_s * k,
-                         self.ctx_mode, f"{self.name} x{speedup:g}", self.source, dict(self.meta))
+                         self.ctx_mode, f"{self.name} x{speedup:g}", self.source, dict(self.meta),
+                         tuple((b, s * k) for b, s in self.decode_batch_fixed_s))
 
     def to_dict(self) -> dict:
+        decode = {"fixed_s": self.decode_fixed_s, "per_seq_s": self.decode_per_seq_s,
+                  "per_ctx_token_s": self.decode_per_ctx_token_s, "ctx_mode": self.ctx_mode}
+        if self.decode_batch_fixed_s:
+            decode["batch_fixed_s"] = {"batches": list(self._table_batches), "fixed_s": list(self._table_seconds)}
         return {
             "schema_version": SCHEMA_VERSION, "name": self.name, "source": self.source,
-            "decode": {"fixed_s": self.decode_fixed_s, "per_seq_s": self.decode_per_seq_s,
-                       "per_ctx_token_s": self.decode_per_ctx_token_s, "ctx_mode": self.ctx_mode},
+            "decode": decode,
             "prefill": {"fixed_s": self.prefill_fixed_s, "per_token_s": self.prefill_per_token_s,
                         "per_token_sq_s": self.prefill_per_token_sq_s,
                         "per_token_ctx_s": self.prefill_per_token_ctx_s},
@@ -86,10 +123,14 @@ class CostModel:
         if d.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"cost model schema_version={d.get('schema_version')!r}: expected {SCHEMA_VERSION}")
         dec, pre = d["decode"], d["prefill"]
+        table = dec.get("batch_fixed_s", {"batches": [], "fixed_s": []})
+        if len(table["batches"]) != len(table["fixed_s"]):
+            raise ValueError("cost model decode.batch_fixed_s: batches and fixed_s differ in length")
         return cls(float(dec["fixed_s"]), float(dec["per_seq_s"]), float(dec["per_ctx_token_s"]),
                    float(pre["fixed_s"]), float(pre["per_token_s"]), float(pre.get("per_token_sq_s", 0.0)),
                    float(pre.get("per_token_ctx_s", 0.0)), dec.get("ctx_mode", "sum"),
-                   d.get("name", "custom"), d.get("source", ""), d.get("meta", {}))
+                   d.get("name", "custom"), d.get("source", ""), d.get("meta", {}),
+                   tuple(zip(table["batches"], table["fixed_s"])))
 
     def save(self, path) -> None:
         from servingplan.io import write_json

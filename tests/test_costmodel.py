@@ -62,3 +62,59 @@ def test_load_refuses_unknown_specs(tmp_path):
     stale.write_text(json.dumps({**EXERCISE2.to_dict(), "schema_version": 0}))
     with pytest.raises(ValueError, match="schema_version"):
         costmodel.load(stale)
+
+
+# f(B) bumps as on the profiling CPU: matrix-vector kernels at batch 1, slow small GEMMs at 2-3
+TABLED = CostModel(0.05, 0.002, 1e-6, 0.04, 1e-3, ctx_mode="padded_max",
+                   decode_batch_fixed_s=((4, 0.07), (1, 0.03), (2, 0.065), (8, 0.08)))
+
+
+def test_decode_table_replaces_the_line_and_interpolates_between_batches():
+    assert TABLED.decode_batch_fixed_s == ((1, 0.03), (2, 0.065), (4, 0.07), (8, 0.08))
+    assert TABLED.decode_batch_time(1) == 0.03 and TABLED.decode_batch_time(4) == 0.07
+    assert TABLED.decode_batch_time(3) == pytest.approx(0.0675)
+    assert TABLED.decode_batch_time(6) == pytest.approx(0.075)
+    # the context term is the line's, unchanged by the table
+    assert TABLED.decode_time(3, ctx_sum=0, ctx_max=100) == pytest.approx(0.0675 + 3 * 100 * 1e-6)
+    assert TABLED.decode_time(0, 0) == 0.0
+
+
+def test_decode_table_holds_its_first_value_below_and_continues_with_the_line_slope_beyond():
+    below = CostModel(0.05, 0.002, 0.0, 0.0, 0.0, decode_batch_fixed_s=((2, 0.06), (4, 0.07)))
+    assert below.decode_batch_time(1) == 0.06
+    assert TABLED.decode_batch_time(9) == pytest.approx(0.08 + 0.002)
+    assert TABLED.decode_batch_time(64) == pytest.approx(0.08 + 0.002 * 56)
+    without = CostModel(0.05, 0.002, 1e-6, 0.04, 1e-3, ctx_mode="padded_max")
+    # beyond the table each extra sequence costs what it costs on the line
+    assert TABLED.decode_time(40, 0, 300) - TABLED.decode_time(20, 0, 300) == pytest.approx(
+        without.decode_time(40, 0, 300) - without.decode_time(20, 0, 300))
+
+
+def test_decode_table_refuses_repeated_or_nonpositive_batches():
+    for table in (((1, 0.1), (1, 0.2)), ((0, 0.1),)):
+        with pytest.raises(ValueError, match="decode_batch_fixed_s"):
+            CostModel(0.0, 0.0, 0.0, 0.0, 0.0, decode_batch_fixed_s=table)
+
+
+@given(speedup=st.floats(0.1, 100), batch=st.integers(0, 80), ctx=st.integers(0, 1000))
+def test_scaled_divides_a_tabled_decode_step(speedup, batch, ctx):
+    assert TABLED.scaled(speedup).decode_time(batch, 0, ctx) == pytest.approx(
+        TABLED.decode_time(batch, 0, ctx) / speedup, rel=1e-9, abs=1e-15)
+
+
+def test_decode_table_json_round_trip(tmp_path):
+    path = tmp_path / "cost.json"
+    TABLED.save(path)
+    assert json.loads(path.read_text())["decode"]["batch_fixed_s"] == {"batches": [1, 2, 4, 8],
+                                                                        "fixed_s": [0.03, 0.065, 0.07, 0.08]}
+    loaded = costmodel.load(path)
+    assert loaded == TABLED and loaded.decode_batch_time(3) == TABLED.decode_batch_time(3)
+
+
+def test_a_cost_model_file_without_the_table_loads_as_the_line():
+    old = EXERCISE2.to_dict()
+    assert "batch_fixed_s" not in old["decode"]
+    loaded = CostModel.from_dict(json.loads(json.dumps(old)))
+    assert loaded.decode_batch_fixed_s == ()
+    assert loaded.decode_time(7, 700) == EXERCISE2.decode_fixed_s + 7 * EXERCISE2.decode_per_seq_s + 700 * (
+        EXERCISE2.decode_per_ctx_token_s)

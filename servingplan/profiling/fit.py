@@ -14,9 +14,19 @@ The engine pads a decode batch to its longest sequence, so the decode call reads
 tokens: the cost model is written with ctx_mode "padded_max" (on the profile grid every sequence has
 the same context, so the fit is the same for either mode).
 
-The shipped coefficients come from all fitted points. The held-out MAPE comes from a second fit on the
-training split only (a seeded share `holdout_fraction` of each kind held out), evaluated on the
-held-out points only, which estimates the error of the shipped fit on shapes it has not seen.
+The line a + b B does not hold at small batches (see DECODE_FIT_MIN_BATCH), so the cost model also
+carries a per-batch table f(B) for every profiled decode batch, batch 1 included, fitted the same way
+with one intercept per batch and a shared c:
+    decode   t(B, T) = f(B) + c B T                    on kind decode, every batch
+The table replaces a + b B in the cost model and its c replaces the line's: a line that misses the
+bumps of f(B) biases its own c, since B T grows with B, while the table fit learns c only from how
+each batch's time grows with its context. a and b stay in the cost model, b continuing the table
+beyond its largest batch.
+
+The shipped coefficients and table come from all fitted points. The held-out MAPE comes from a second
+fit (coefficients and table) on the training split only (a seeded share `holdout_fraction` of each
+kind held out), evaluated on the held-out points only, which estimates the error of the shipped fit on
+shapes it has not seen. The report gives it with and without the table (the line alone).
 
 Points measured while other processes competed for the cores (cpu_share < CONTENDED_CPU_SHARE) are
 left out of the fit and its scores, unless that would drop more than half the points of their kind;
@@ -24,8 +34,9 @@ the report lists them. Batched prefill points are not fitted either (the engine 
 per call); they are predicted as `batch` separate prefill calls to show what batching would save.
 
 predictions CSV, one row per grid point: point_id, kind, batch, prompt_len, cached, measured_s,
-predicted_s, error_pct (shipped fit), in_holdout, validation_predicted_s, validation_error_pct
-(training-split fit), used_in_fit, cpu_share.
+predicted_s, error_pct (shipped fit, with the table), in_holdout, validation_predicted_s,
+validation_error_pct (training-split fit, with its table), used_in_fit (in the line or the table),
+cpu_share.
 """
 from __future__ import annotations
 
@@ -43,9 +54,9 @@ DECODE_KINDS = ("decode",)
 CTX_MODE = "padded_max"
 # PyTorch on CPU runs a batch-1 decode through matrix-vector kernels and switches to small
 # matrix-matrix kernels from batch 2, which are slower per step (on the profiling machine the LM head
-# alone takes 10 ms at batch 1 and 20-34 ms at batches 2-4), so no line a + b*B holds both. Serving
-# under load keeps many sequences decoding, so the decode line is fitted from this batch up; the
-# report says how far smaller batches sit below it (the cost model is conservative there).
+# alone takes 10 ms at batch 1 and 20-34 ms at batches 2-4), so no line a + b*B holds both. The
+# decode line is fitted from this batch up, where it only has to carry c and the slope beyond the
+# per-batch table; the report says how far smaller batches sit below it.
 DECODE_FIT_MIN_BATCH = 2
 
 PREFILL_TERMS = ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_token_sq_s", "prefill_per_token_ctx_s")
@@ -169,12 +180,40 @@ def fit_terms(points: pd.DataFrame, train: np.ndarray) -> dict:
     return coefficients
 
 
-def predict(points: pd.DataFrame, coefficients: dict) -> np.ndarray:
-    """Seconds the cost model gives each point (a batched prefill as `batch` single calls)."""
+def fit_decode_table(points: pd.DataFrame, train: np.ndarray) -> tuple[tuple, float]:
+    """((batch, f(B)), ...) for every decode batch with training points, and c: t = f(B) + c B T
+    fitted on relative error like the other forms."""
+    decode = points[points["kind"].isin(DECODE_KINDS).to_numpy() & train]
+    if decode.empty:
+        return (), 0.0
+    batch = decode["batch"].to_numpy()
+    batches = np.unique(batch)
+    features = np.column_stack([batch == b for b in batches] + [batch * decode["cached"].to_numpy(float)])
+    values = fit_relative(features.astype(float), decode["median_s"].to_numpy(float))
+    return tuple((int(b), float(v)) for b, v in zip(batches, values[:-1])), float(values[-1])
+
+
+def with_decode_table(line: dict, points: pd.DataFrame, train: np.ndarray) -> tuple[dict, tuple]:
+    """The line's coefficients with c taken from the table fit, and the table."""
+    table, per_ctx_token_s = fit_decode_table(points, train)
+    if not table:
+        return line, table
+    return {**line, "decode_per_ctx_token_s": per_ctx_token_s}, table
+
+
+def predict(points: pd.DataFrame, coefficients: dict, decode_table: tuple = ()) -> np.ndarray:
+    """Seconds the cost model gives each point (a batched prefill as `batch` single calls); decode
+    points take f(B) from `decode_table` when it is not empty."""
     predicted = np.full(len(points), np.nan)
     for part, (kinds, terms, features) in PARTS.items():
         rows = points["kind"].isin(kinds).to_numpy()
         predicted[rows] = features(points[rows]) @ np.array([coefficients[t] for t in terms])
+    if decode_table:
+        model = CostModel(**coefficients, decode_batch_fixed_s=decode_table)
+        rows = points["kind"].isin(DECODE_KINDS).to_numpy()
+        batches = points.loc[rows, "batch"].to_numpy()
+        line = coefficients["decode_fixed_s"] + coefficients["decode_per_seq_s"] * batches
+        predicted[rows] += np.array([model.decode_batch_time(int(b)) for b in batches]) - line
     batched = (points["kind"] == "prefill_batch").to_numpy()
     single = prefill_features(points[batched]) @ np.array([coefficients[t] for t in PREFILL_TERMS])
     predicted[batched] = single * points.loc[batched, "batch"].to_numpy(float)
@@ -240,19 +279,24 @@ def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_
     points = points.sort_values("point_id", ignore_index=True)
     fitted_kinds = PREFILL_KINDS + DECODE_KINDS
     below_min_batch = (points["kind"].isin(DECODE_KINDS) & (points["batch"] < DECODE_FIT_MIN_BATCH)).to_numpy()
-    fitted = points["kind"].isin(fitted_kinds).to_numpy() & ~below_min_batch
+    fitted = points["kind"].isin(fitted_kinds).to_numpy()
     contended = contended_mask(points)
     small_clean = below_min_batch & ~contended
     used = fitted & kept_mask(points, contended)
     held = holdout_mask(points[used], holdout_fraction, seed)
     in_holdout = np.zeros(len(points), dtype=bool)
     in_holdout[np.flatnonzero(used)[held]] = True
+    trained = used & ~in_holdout
 
-    shipped = fit_terms(points, used)
-    validation = fit_terms(points, used & ~in_holdout)
+    shipped_line = fit_terms(points, used & ~below_min_batch)
+    validation_line = fit_terms(points, trained & ~below_min_batch)
+    shipped, shipped_table = with_decode_table(shipped_line, points, used)
+    validation, validation_table = with_decode_table(validation_line, points, trained)
     measured = points["median_s"].to_numpy(float)
-    predicted = predict(points, shipped)
-    validation_predicted = predict(points, validation)
+    predicted = predict(points, shipped, shipped_table)
+    validation_predicted = predict(points, validation, validation_table)
+    line_predicted = predict(points, shipped_line)
+    validation_line_predicted = predict(points, validation_line)
     error = (predicted - measured) / measured
     validation_error = (validation_predicted - measured) / measured
 
@@ -274,12 +318,32 @@ def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_
             "max_abs_error_pct": float(np.abs(error[rows]).max() * 100),
         }
     heldout_mape = mape(measured[in_holdout], validation_predicted[in_holdout])
+    decode_used = points["kind"].isin(DECODE_KINDS).to_numpy() & used
+    decode_held = decode_used & in_holdout
+    line_error = (line_predicted - measured) / measured
+    decode_batches = points.loc[decode_used, "batch"].to_numpy()
+
+    def by_batch(errors: np.ndarray) -> dict:
+        means = pd.Series(errors[decode_used], index=decode_batches).groupby(level=0).mean()
+        return {int(batch): float(value) * 100 for batch, value in means.items()}
+
+    decode_table_report = {
+        "line_per_ctx_token_s": shipped_line["decode_per_ctx_token_s"],
+        "batches": [batch for batch, _ in shipped_table],
+        "fixed_s": [seconds for _, seconds in shipped_table],
+        "line_fixed_s": [shipped["decode_fixed_s"] + shipped["decode_per_seq_s"] * batch
+                         for batch, _ in shipped_table],
+        "heldout_mape": {"with_table": mape(measured[decode_held], validation_predicted[decode_held]),
+                         "line_only": mape(measured[decode_held], validation_line_predicted[decode_held])},
+        "mean_signed_error_pct_by_batch": {"with_table": by_batch(error), "line_only": by_batch(line_error)},
+    }
     batched = (points["kind"] == "prefill_batch").to_numpy()
     fingerprint = meta["machine"]["fingerprint"]
     summary = {"r2": {p: parts[p]["r2"] for p in parts}, "heldout_mape": heldout_mape,
+               "heldout_mape_line_only": mape(measured[in_holdout], validation_line_predicted[in_holdout]),
                "mape_goal": mape_goal, "goal_met": bool(heldout_mape < mape_goal)}
     cost_model = CostModel(
-        **shipped, ctx_mode=CTX_MODE, name=f"measured-{fingerprint}",
+        **shipped, decode_batch_fixed_s=shipped_table, ctx_mode=CTX_MODE, name=f"measured-{fingerprint}",
         source=(f"profile of GPT-2 ({meta['model']['source']}, {meta['model']['param_count']} params) on "
                 f"{meta['machine']['cpu_model']} with {meta['machine']['threads']} threads"),
         meta={"machine_fingerprint": fingerprint, "profile_wall_time_s": meta["wall_time_s"],
@@ -289,11 +353,14 @@ def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_
         **summary,
         "coefficients": {term: {"value": value, "unit": UNITS[term]} for term, value in shipped.items()},
         "validation_coefficients": validation,
+        "validation_decode_table": {"batches": [batch for batch, _ in validation_table],
+                                    "fixed_s": [seconds for _, seconds in validation_table]},
+        "decode_batch_table": decode_table_report,
         "ctx_mode": CTX_MODE,
         "parts": parts,
         "physical": physical_readings(shipped, meta),
         "decode_below_min_batch": {"fit_min_batch": DECODE_FIT_MIN_BATCH,
-                                   "measured_over_predicted": mean_ratio(measured, predicted, small_clean)},
+                                   "measured_over_line": mean_ratio(measured, line_predicted, small_clean)},
         "residual_structure": residual_structure(points[used], error[used], mape_goal),
         "contention": {
             "min_cpu_share": CONTENDED_CPU_SHARE,
