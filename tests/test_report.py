@@ -77,7 +77,7 @@ def machine_meta(cost: CostModel) -> dict:
         "memory": {"param_bytes": model["param_bytes"], "kv_bytes_per_token": 73728.0,
                    "kv_bytes_per_token_expected": 73728, "rss_after_load_bytes": 800_000_000,
                    "peak_rss_bytes": 1_200_000_000},
-        "settings": {"quick": False, "seed": 0, "threads": 2},
+        "settings": {"quick": False, "tiny": False, "seed": 0, "threads": 2},
         "n_points": 0,
         "wall_time_s": 321.0,
     }
