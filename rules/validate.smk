@@ -7,6 +7,7 @@ rule validate:
     input:
         costmodel=rules.fit.output.costmodel,
         machine=rules.profile.output.machine,
+        profile=rules.profile.output.points,
         code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py"),
     output:
         summary="results/validation/comparison.csv",

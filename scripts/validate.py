@@ -1,3 +1,5 @@
+import pandas as pd
+
 from servingplan.costmodel import load
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.pipeline import run_stage
@@ -10,8 +12,8 @@ def main(sm):
     p = sm.params
     tiny = p.model.get("tiny", False)
     model, _ = load_model("random" if tiny else p.model["source"], p.seed, QUICK_CONFIG_OVERRIDES if tiny else None)
-    out = run_validation(model, load(sm.input.costmodel), read_json(sm.input.machine), p.workload, p.validation,
-                         p.sweep, p.memory, p.seed, threads=p.profile["threads"] or None)
+    out = run_validation(model, load(sm.input.costmodel), read_json(sm.input.machine), pd.read_csv(sm.input.profile),
+                         p.workload, p.validation, p.sweep, p.memory, p.seed, threads=p.profile["threads"] or None)
     write_csv(sm.output.summary, out["comparison"])
     write_csv(sm.output.requests, out["requests"])
     write_csv(sm.output.steps, out["steps"])

@@ -454,11 +454,16 @@ def validation_section(run: RunResults) -> dict | None:
         return None
     comparison = run.validation.comparison
     meta = clean(run.validation.meta)
+    fitted = comparison[comparison["cost_model"] == "as_fitted"]
+    corrected = comparison[comparison["cost_model"] == "drift_corrected"].set_index(["load_fraction", "metric", "stat"])
     rows = []
-    for (fraction, rate), group in comparison.groupby(["load_fraction", "rate"], sort=True):
-        stats = {f"{r.metric}_{r.stat}": {"measured": clean(r.measured_ms), "simulated": clean(r.simulated_ms),
-                                          "diff_pct": clean(r.diff_pct), "n": int(r.n)}
-                 for r in group.itertuples()}
+    for (fraction, rate), group in fitted.groupby(["load_fraction", "rate"], sort=True):
+        stats = {}
+        for r in group.itertuples():
+            twin = corrected.loc[(r.load_fraction, r.metric, r.stat)]
+            stats[f"{r.metric}_{r.stat}"] = {
+                "measured": clean(r.measured_ms), "simulated": clean(r.simulated_ms), "diff_pct": clean(r.diff_pct),
+                "n": int(r.n), "corrected": clean(twin["simulated_ms"]), "corrected_diff_pct": clean(twin["diff_pct"])}
         rows.append({"load_fraction": float(fraction), "rate": float(rate), "stats": stats})
     requests = run.validation.requests
     return {
@@ -496,7 +501,7 @@ def assumptions_section(run: RunResults, config: dict) -> dict:
         "max_context": config["memory"]["max_context"], "block_size": config["memory"]["block_size"],
         "rss_after_load_bytes": run.machine["memory"].get("rss_after_load_bytes"),
         "weights_bytes": run.machine["memory"]["param_bytes"],
-        "step_bias_pct": clean(steps.get("step_bias_pct")) if steps else None,
+        "step_bias_pct": clean(steps.get("step_bias_drift_corrected_pct")) if steps else None,
         "horizon_factor": config["sweep"]["horizon_factor"],
     }
 
