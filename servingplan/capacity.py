@@ -38,6 +38,17 @@ class Criterion:
         return "slo_percentiles"
 
 
+def log_bisect(true_below, lo: float, hi: float, tolerance: float) -> tuple[float, float]:
+    """Narrow [lo, hi] on a log scale around where `true_below` turns from true (at lo) to false (at hi)."""
+    while hi / lo - 1.0 > tolerance:
+        mid = math.sqrt(lo * hi)
+        if true_below(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
 def bisect_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: float,
                 tolerance: float) -> dict:
     """Largest rate in [rate_min, rate_max] where `holds_at` is true, assuming it fails above some rate."""
@@ -52,13 +63,7 @@ def bisect_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: fl
         return {"lower": 0.0, "upper": rate_min, "evaluations": evaluations, "censored": "below_min"}
     if check(rate_max):
         return {"lower": rate_max, "upper": math.inf, "evaluations": evaluations, "censored": "above_max"}
-    lo, hi = rate_min, rate_max
-    while hi / lo - 1.0 > tolerance:
-        mid = math.sqrt(lo * hi)
-        if check(mid):
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = log_bisect(check, rate_min, rate_max, tolerance)
     return {"lower": lo, "upper": hi, "evaluations": evaluations, "censored": ""}
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan import cost as costs
-from servingplan.capacity import Criterion, capacity as find_capacity
+from servingplan.capacity import Criterion, capacity as find_capacity, log_bisect
 from servingplan.memory import GB, kv_blocks_for_budget, memory_plan
 from servingplan.metrics import SLO, summarize
 from servingplan.sim import simulate
@@ -127,13 +127,7 @@ def smallest_speedup(holds, tolerance: float) -> dict:
         return {"speedup_needed": 1.0, "speedup_bracket": [1.0, 1.0]}
     if not holds(SPEEDUP_MAX):
         return {"speedup_needed": None, "speedup_bracket": [SPEEDUP_MAX, None]}
-    lo, hi = 1.0, SPEEDUP_MAX
-    while hi / lo - 1.0 > tolerance:
-        mid = math.sqrt(lo * hi)
-        if holds(mid):
-            hi = mid
-        else:
-            lo = mid
+    lo, hi = log_bisect(lambda speedup: not holds(speedup), 1.0, SPEEDUP_MAX, tolerance)
     return {"speedup_needed": hi, "speedup_bracket": [lo, hi]}
 
 
