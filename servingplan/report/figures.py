@@ -88,15 +88,20 @@ def prefill_profile(profile: pd.DataFrame, cost, heldout_ids: set) -> Figure:
     return fig
 
 
-def decode_profile(profile: pd.DataFrame, cost, heldout_ids: set) -> Figure:
-    """Decode step latency vs batch size, one line per cached context length."""
-    fig, axes = _figure(height=3.8)
-    ax = axes[0, 0]
+def _decode_by_context(profile: pd.DataFrame):
+    """The decode points of each cached-context length, in batch order, with that line's colour."""
     decode = profile[profile["kind"] == "decode"]
     contexts = sorted(decode["cached"].unique())
     colors = plt.cm.viridis(np.linspace(0.05, 0.85, max(len(contexts), 1)))
     for context, color in zip(contexts, colors):
-        points = decode[decode["cached"] == context].sort_values("batch")
+        yield context, color, decode[decode["cached"] == context].sort_values("batch")
+
+
+def decode_profile(profile: pd.DataFrame, cost, heldout_ids: set) -> Figure:
+    """Decode step latency vs batch size, one line per cached context length."""
+    fig, axes = _figure(height=3.8)
+    ax = axes[0, 0]
+    for context, color, points in _decode_by_context(profile):
         _profile_points(ax, points, points["batch"], heldout_ids, color, label=f"{context} cached tokens")
         batches = np.arange(1, points["batch"].max() + 1)
         ax.plot(batches, [cost.decode_time(int(b), int(b) * context, context) * 1e3 for b in batches],
@@ -159,11 +164,7 @@ def roofline_efficiency(profile: pd.DataFrame) -> Figure:
     ax.set_title("Prefill")
     ax.legend(loc="best")
     ax = axes[0, 1]
-    decode = profile[profile["kind"] == "decode"]
-    contexts = sorted(decode["cached"].unique())
-    colors = plt.cm.viridis(np.linspace(0.05, 0.85, max(len(contexts), 1)))
-    for context, color in zip(contexts, colors):
-        rows = decode[decode["cached"] == context].sort_values("batch")
+    for context, color, rows in _decode_by_context(profile):
         ax.plot(rows["batch"], rows["efficiency"] * 100, "o-", color=color, ms=3, label=f"{context} cached")
     ax.set_xlabel("batch size B")
     ax.set_ylabel("roofline efficiency (%)")
