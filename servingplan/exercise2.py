@@ -15,7 +15,7 @@ import pandas as pd
 
 from servingplan import workload
 from servingplan.costmodel import EXERCISE2, CostModel, decode_curve
-from servingplan.metrics import SLO, itl_values, per_request, percentile, summarize
+from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
 from servingplan.sim import Scheduler, Seq, simulate
 from servingplan.sim.fleet import ROUTERS, simulate_fleet
 from servingplan.workload import Trace
@@ -55,14 +55,6 @@ def exercise_workload(cfg: dict) -> dict:
 
 def exercise_slo(cfg: dict) -> SLO:
     return SLO(ttft_ms=cfg["slo_ttft_ms"], ttft_percentile=95.0, tpot_ms=cfg["slo_tpot_ms"], tpot_percentile=95.0)
-
-
-def _finite(x):
-    """JSON has no NaN or infinity: an undefined or infinite figure is None."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 # -- 2.1 / 2.2: the curve ---------------------------------------------------------------------------
@@ -141,8 +133,8 @@ def run_figures(result, slo: SLO) -> dict:
     row["tpot_ms_mean"] = summary["tpot_ms_mean"]
     if result.token_spans is not None:
         gaps_ms = itl_values(result) * 1e3
-        row.update({"itl_ms_p50": _finite(percentile(gaps_ms, 50)), "itl_ms_p99": _finite(percentile(gaps_ms, 99)),
-                    "itl_ms_max": _finite(gaps_ms.max()) if gaps_ms.size else None})
+        row.update({"itl_ms_p50": finite_or_none(percentile(gaps_ms, 50)), "itl_ms_p99": finite_or_none(percentile(gaps_ms, 99)),
+                    "itl_ms_max": finite_or_none(gaps_ms.max()) if gaps_ms.size else None})
     row.update({key: summary[key] for key in ("goodput_rps", "attainment", "stable", "slo_holds",
                                               "throughput_tok_s", "preemptions", "peak_running")})
     # the run's duration includes draining the last requests, so this sits a little below attainment
@@ -274,8 +266,8 @@ def tpot_floor_ms(cost: CostModel, rate: float, prefill_s_per_request: float, tr
 def _spread(values) -> dict:
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
-    return {"mean": _finite(v.mean()) if v.size else None,
-            **{f"p{q}": _finite(np.percentile(v, q)) if v.size else None for q in PERCENTILES}}
+    return {"mean": finite_or_none(v.mean()) if v.size else None,
+            **{f"p{q}": finite_or_none(np.percentile(v, q)) if v.size else None for q in PERCENTILES}}
 
 
 def cell_summary(results, slo) -> dict:
@@ -287,7 +279,7 @@ def queueing(results) -> dict:
     waits = np.concatenate([per_request(r)["queue_s"].to_numpy() for r in results]) * 1e3
     ttft = np.concatenate([per_request(r)["ttft_s"].to_numpy() for r in results]) * 1e3
     return {"queue_ms": _spread(waits), "ttft_ms": _spread(ttft),
-            "queue_share_of_mean_ttft": _finite(np.nanmean(waits) / np.nanmean(ttft))}
+            "queue_share_of_mean_ttft": finite_or_none(np.nanmean(waits) / np.nanmean(ttft))}
 
 
 def tpot_spread(results, budget_ms: float) -> dict:
@@ -309,11 +301,11 @@ def prefill_interference(steps: pd.DataFrame) -> dict:
         "steps": int(len(steps)),
         "share_of_steps_with_prefill": float(with_chunk.mean()),
         "share_of_busy_time_in_prefill_steps": float(steps["duration_s"][with_chunk].sum() / steps["duration_s"].sum()),
-        "mean_step_ms_with_prefill": _finite(steps["duration_s"][carrying].mean() * 1e3),
-        "mean_step_ms_decode_only": _finite(steps["duration_s"][plain].mean() * 1e3),
-        "mean_added_ms_by_prefill": _finite((steps["duration_s"] - steps["decode_s"])[carrying].mean() * 1e3),
-        "mean_prefill_tokens_per_carrying_step": _finite(steps["prefill_tokens"][with_chunk].mean()),
-        "mean_step_ms_seen_by_decodes": _finite(np.average(steps["duration_s"][decoding],
+        "mean_step_ms_with_prefill": finite_or_none(steps["duration_s"][carrying].mean() * 1e3),
+        "mean_step_ms_decode_only": finite_or_none(steps["duration_s"][plain].mean() * 1e3),
+        "mean_added_ms_by_prefill": finite_or_none((steps["duration_s"] - steps["decode_s"])[carrying].mean() * 1e3),
+        "mean_prefill_tokens_per_carrying_step": finite_or_none(steps["prefill_tokens"][with_chunk].mean()),
+        "mean_step_ms_seen_by_decodes": finite_or_none(np.average(steps["duration_s"][decoding],
                                                            weights=steps["decode_batch"][decoding]) * 1e3),
     }
 
@@ -357,9 +349,9 @@ def pick_chunk(chunks: pd.DataFrame, itl_bound_ms: float) -> dict:
     return {
         "chunk_for_itl_bound": int(meets["chunk_size"].max()) if len(meets) else None,
         "chunk_for_itl_bound_and_stable": int(meets_stable["chunk_size"].max()) if len(meets_stable) else None,
-        "per_chunk": [{"chunk_size": int(r.chunk_size), "itl_ms_p99": _finite(r.itl_ms_p99),
-                       "itl_ms_max": _finite(r.itl_ms_max), "attainment": _finite(r.attainment),
-                       "goodput_over_offered": _finite(r.goodput_over_offered),
+        "per_chunk": [{"chunk_size": int(r.chunk_size), "itl_ms_p99": finite_or_none(r.itl_ms_p99),
+                       "itl_ms_max": finite_or_none(r.itl_ms_max), "attainment": finite_or_none(r.attainment),
+                       "goodput_over_offered": finite_or_none(r.goodput_over_offered),
                        "stable": bool(r.stable)} for r in means.itertuples()],
     }
 
@@ -443,11 +435,11 @@ def predict_then_check(fit, naive, by_cap, best_cap, largest_cap, naive_cell, lo
     curve_says_all_good = a + b * naive["b_max"] <= budget_ms and load["nominal_prefill_ms"] <= cfg["slo_ttft_ms"]
 
     def by(column):
-        return {int(c): _finite(v) for c, v in by_cap[column].items()}
+        return {int(c): finite_or_none(v) for c, v in by_cap[column].items()}
 
     def at(cap):
-        return {"cap": cap, "goodput_rps": _finite(goodput[cap]), "attainment": _finite(by_cap["attainment"][cap]),
-                "goodput_over_offered": _finite(by_cap["goodput_over_offered"][cap])}
+        return {"cap": cap, "goodput_rps": finite_or_none(goodput[cap]), "attainment": finite_or_none(by_cap["attainment"][cap]),
+                "goodput_over_offered": finite_or_none(by_cap["goodput_over_offered"][cap])}
 
     return {
         "best_cap": best_cap, "largest_cap": largest_cap, "naive_cap": naive["b_max"],
@@ -519,12 +511,12 @@ def next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg
 
 
 def _ratio(x, y):
-    return _finite(x / y) if x is not None and y else None
+    return finite_or_none(x / y) if x is not None and y else None
 
 
 def _range(values) -> dict:
     v = np.asarray(values, dtype=float)
-    return {"min": _finite(v.min()), "max": _finite(v.max())} if v.size else {"min": None, "max": None}
+    return {"min": finite_or_none(v.min()), "max": finite_or_none(v.max())} if v.size else {"min": None, "max": None}
 
 
 def _chunk_fitting(cost: CostModel, bound_ms: float, decode_ms: float) -> int | None:

@@ -158,14 +158,18 @@ def good_requests(result: SimResult, slo: SLO, frame: pd.DataFrame | None = None
     return good
 
 
-def _none_if_not_finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
+def finite_or_none(x) -> float | None:
+    """JSON has no NaN or infinity: an undefined or infinite figure is None."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
 
 
 def _latency_stats(prefix: str, values_s: np.ndarray) -> dict:
-    out = {f"{prefix}_mean": _none_if_not_finite(float(np.mean(values_s)) * 1e3) if values_s.size else None}
+    out = {f"{prefix}_mean": finite_or_none(float(np.mean(values_s)) * 1e3) if values_s.size else None}
     for q in PERCENTILES:
-        out[f"{prefix}_p{q}"] = _none_if_not_finite(percentile(values_s, q) * 1e3)
+        out[f"{prefix}_p{q}"] = finite_or_none(percentile(values_s, q) * 1e3)
     return out
 
 

@@ -44,7 +44,7 @@ from transformers import DynamicCache
 from servingplan.profiling.machine import configure_threads
 from servingplan.profiling.measure import configure_allocator, decode_call, prefill_call
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
-from servingplan.sim.simulator import SimResult, _queue_growth
+from servingplan.sim.simulator import SimResult, queue_growth
 from servingplan.workload import Trace
 
 DEFAULT_MAX_WALL_S = 600.0
@@ -367,7 +367,7 @@ class _Run:
             rejected=self.rejected, token_spans=self.spans, end_s=self._clock(), truncated=truncated,
             steps=len(self.step_rows), events=self.events, peak_running=self.peak_running,
             peak_kv_blocks=self.peak_blocks, peak_kv_tokens=self.peak_tokens,
-            queue_growth=_queue_growth(self.queue_times, self.queue_waiting), policy=engine.policy,
+            queue_growth=queue_growth(self.queue_times, self.queue_waiting), policy=engine.policy,
             max_num_seqs=engine.max_num_seqs, chunk_size=engine.chunk_size,
             meta={"engine": "real", "threads": engine.threads, "max_wall_s": self.max_wall_s,
                   "errors": dict(self.errors),

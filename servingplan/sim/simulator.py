@@ -80,7 +80,7 @@ def steps_to_reach(gap: float, d0: float, dd: float) -> int:
     return k
 
 
-def _queue_growth(times: list, waiting: list) -> float:
+def queue_growth(times: list, waiting: list) -> float:
     """Least-squares growth of the waiting count across the arrival window."""
     if len(times) < 3:
         return 0.0
@@ -222,7 +222,7 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
         token_spans=timeline.spans, end_s=max(r.t for r in replicas), truncated=truncated,
         steps=sum(r.steps for r in replicas), events=sum(r.events for r in replicas),
         peak_running=max(r.peak_running for r in replicas), peak_kv_blocks=max(r.peak_blocks for r in replicas),
-        peak_kv_tokens=max(r.peak_tokens for r in replicas), queue_growth=_queue_growth(q_times, q_waiting),
+        peak_kv_tokens=max(r.peak_tokens for r in replicas), queue_growth=queue_growth(q_times, q_waiting),
         policy=policy, max_num_seqs=max_num_seqs, chunk_size=chunk_size, meta={"replicas": len(replicas)},
     )
 
