@@ -1,6 +1,7 @@
 rule fit:
     input:
         points=rules.profile.output.points,
+        samples=rules.profile.output.samples,
         machine=rules.profile.output.machine,
         code=sources("profiling/fit.py", "costmodel.py"),
     output:

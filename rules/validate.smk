@@ -7,12 +7,12 @@ rule validate:
     input:
         costmodel=rules.fit.output.costmodel,
         machine=rules.profile.output.machine,
-        profile=rules.profile.output.points,
         code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py"),
     output:
         summary="results/validation/comparison.csv",
         requests="results/validation/requests.csv",
         steps="results/validation/steps.csv",
+        steps_by_batch="results/validation/steps_by_batch.csv",
         meta="results/validation/validation.json",
     params:
         validation=config["validation"],

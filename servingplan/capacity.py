@@ -92,3 +92,26 @@ def capacity(traces: list[Trace], seeds: list[int], cost, policy: str, cap: int,
         "capacity_max_rps": float(lowers.max()),
         "never_met": bool((lowers == 0).all()), "per_seed": per_seed,
     }
+
+
+def speed_band_models(cost) -> dict:
+    """The cost model at the slowest and the fastest speed its profile measured (cost.meta's
+    speed_band: each reference's relative speed range), or nothing for a model without one."""
+    band = cost.meta.get("speed_band") or {}
+    if not {"decode", "prefill"} <= set(band):
+        return {}
+    return {"slow": cost.slowed(band["decode"][1], band["prefill"][1], f"{cost.name} at its slowest"),
+            "fast": cost.slowed(band["decode"][0], band["prefill"][0], f"{cost.name} at its fastest")}
+
+
+def capacity_in_band(traces: list[Trace], seeds: list[int], cost, *args, **kwargs) -> dict:
+    """capacity() on the cost model as fitted, plus `speed_band` (the same search on the cost model at
+    the slowest and fastest measured speed) and `interval_rps`, which covers the seeds' spread at
+    every one of those speeds."""
+    found = capacity(traces, seeds, cost, *args, **kwargs)
+    band = {name: capacity(traces, seeds, model, *args, **kwargs)
+            for name, model in speed_band_models(cost).items()}
+    searched = [found, *band.values()]
+    return {**found, "speed_band": band,
+            "interval_rps": [min(f["capacity_min_rps"] for f in searched),
+                             max(f["capacity_max_rps"] for f in searched)]}

@@ -88,10 +88,6 @@ def check(config: dict) -> None:
 
     for part in ("prompt", "output"):
         _check_length(f"workload.{part}", config["workload"][part])
-    p = config["profile"]
-    if p["min_repeats"] > p["max_repeats"]:
-        raise ConfigError(f"config error: profile.min_repeats = {p['min_repeats']}: must be <= "
-                          f"profile.max_repeats ({p['max_repeats']})")
     c = config["capacity"]
     if c["rate_min"] >= c["rate_max"]:
         raise ConfigError(f"config error: capacity.rate_min = {c['rate_min']}: must be < capacity.rate_max "

@@ -97,12 +97,17 @@ class CostModel:
 
     def scaled(self, speedup: float) -> "CostModel":
         """The same machine made `speedup` times faster on every term."""
-        k = 1.0 / speedup
-        return CostModel(self.decode_fixed_s * k, self.decode_per_seq_s * k, self.decode_per_ctx_token_s * k,
-                         self.prefill_fixed_s * k, self.prefill_per_token_s * k,
-                         self.prefill_per_token_sq_s * k, self.prefill_per_token_ctx_s * k,
-                         self.ctx_mode, f"{self.name} x{speedup:g}", self.source, dict(self.meta),
-                         tuple((b, s * k) for b, s in self.decode_batch_fixed_s))
+        return self.slowed(1.0 / speedup, 1.0 / speedup, f"{self.name} x{speedup:g}")
+
+    def slowed(self, decode: float, prefill: float, name: str | None = None) -> "CostModel":
+        """Every decode term multiplied by `decode` and every prefill term by `prefill`: the machine
+        running that much slower (a factor above one) on each kind of call."""
+        return CostModel(self.decode_fixed_s * decode, self.decode_per_seq_s * decode,
+                         self.decode_per_ctx_token_s * decode, self.prefill_fixed_s * prefill,
+                         self.prefill_per_token_s * prefill, self.prefill_per_token_sq_s * prefill,
+                         self.prefill_per_token_ctx_s * prefill, self.ctx_mode,
+                         name or f"{self.name} decode x{decode:g} prefill x{prefill:g}", self.source,
+                         dict(self.meta), tuple((b, s * decode) for b, s in self.decode_batch_fixed_s))
 
     def to_dict(self) -> dict:
         decode = {"fixed_s": self.decode_fixed_s, "per_seq_s": self.decode_per_seq_s,

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan import cost as costs
-from servingplan.capacity import Criterion, capacity as find_capacity, log_bisect
+from servingplan.capacity import Criterion, capacity_in_band, log_bisect, speed_band_models
 from servingplan.memory import GB, kv_blocks_for_budget, memory_plan
 from servingplan.metrics import SLO, summarize
 from servingplan.sim import simulate
@@ -71,9 +71,9 @@ def capacity_cell(cost, machine, policy, cap, workload, slo, sweep, memory, seed
         "joint_attainment": Criterion(capstone_slo(slo), attainment_goal=slo["attainment_goal"]),
         "stable": Criterion(SLO(), attainment_goal=0.0),
     }
-    return {name: find_capacity(draws, seeds, cost, policy, cap, sweep["chunk_size"], criterion,
-                           capacity["rate_min"], capacity["rate_max"], capacity["tolerance"], blocks,
-                           memory["block_size"], sweep["horizon_factor"])
+    return {name: capacity_in_band(draws, seeds, cost, policy, cap, sweep["chunk_size"], criterion,
+                                   capacity["rate_min"], capacity["rate_max"], capacity["tolerance"], blocks,
+                                   memory["block_size"], sweep["horizon_factor"])
             for name, criterion in criteria.items()}
 
 
@@ -113,11 +113,14 @@ def fleet_cell(cost, machine, policy, cap, workload, slo, sweep, memory, seeds, 
         fleets[router] = smallest_fleet(lambda r: _targets_hold(fleet_run(r, router, cost), rates, slo),
                                         cost_cfg["max_replicas"])
 
-    def faster_holds(speedup):
-        return _targets_hold(fleet_run(1, "round_robin", cost.scaled(speedup)), rates, slo)[0]
+    def speedup_for(model):
+        return smallest_speedup(
+            lambda speedup: _targets_hold(fleet_run(1, "round_robin", model.scaled(speedup)), rates, slo)[0],
+            capacity["tolerance"])
 
     return {"policy": policy, "max_num_seqs": cap, "kv_blocks": blocks, "fleets": fleets,
-            **smallest_speedup(faster_holds, capacity["tolerance"])}
+            **speedup_for(cost),
+            "speedup_speed_band": {name: speedup_for(model) for name, model in speed_band_models(cost).items()}}
 
 
 def smallest_speedup(holds, tolerance: float) -> dict:

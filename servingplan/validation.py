@@ -1,8 +1,22 @@
 """The validation stage: replay Poisson traces on the real engine and simulate the same traces.
 
 Rates are fractions of the largest rate this machine keeps up with (the simulator's stability
-capacity for the validated policy and cap), from well below it to overload. Each trace lasts about
-`trace_seconds` of arrivals, so the stage's wall time is bounded whatever the machine's speed.
+capacity for the validated policy and cap), from well below it to overload. Each trace holds at least
+`min_requests` requests, enough for its p90 to mean something, and the stage's serving time is
+bounded by `max_wall_s` whatever the machine's speed.
+
+The machine's speed moves by tens of percent within minutes, so the stage re-times the profile's two
+reference shapes (servingplan.profiling.measure.reference_points) before every trace and after the
+last, with the profiler's own estimator: the ratio to the profile's median reference time is how much
+slower (above one) the machine runs now than it typically did while it was profiled. Each trace is
+also simulated on the cost model slowed by the ratios measured just before and after it. The cost
+model itself is fitted on the profile alone: the replays judge it and never feed it.
+
+Besides the replays the stage measures two things the report needs:
+- path check: engine decode steps and the profiler's point of the same shape (batch, ragged contexts,
+  padding, KV pool layout), timed back to back in alternating rounds; their ratio shows the profile
+  times what the engine runs;
+- serving memory: the engine's peak resident memory while it served the traces.
 """
 from __future__ import annotations
 
@@ -10,19 +24,31 @@ import time
 
 import numpy as np
 import pandas as pd
+import psutil
 import torch
 
 from servingplan.capacity import Criterion, capacity
 from servingplan.metrics import SLO
 from servingplan.planner import kv_blocks
-from servingplan.profiling.measure import GridPoint, point_runner, time_point
+from servingplan.profiling.measure import (GridPoint, decode_lengths, point_call, pool_for,
+                                           reference_points, time_call)
+from servingplan.serving.engine import Engine
 from servingplan.serving.replay import compare, predict_steps, replay, request_pairs
 from servingplan.sim import simulate
-from servingplan.workload import generate
+from servingplan.workload import Trace, generate
+
+# batch sizes x longest context of the path check; its decode steps per engine run; rounds
+PATH_CHECK_SHAPES = ((1, 256), (4, 256), (8, 256))
+PATH_CHECK_STEPS = 12
+PATH_CHECK_ROUNDS = 3
+# a batch size's steps are judged only when there are this many of them
+MIN_STEPS_PER_BATCH = 20
+STEP_GOAL_PCT = 10.0
 
 
 def validation_traces(workload: dict, validation: dict, stable_rps: float, seed: int):
-    """One trace per configured load fraction: ~trace_seconds of Poisson arrivals at that rate."""
+    """One trace per configured load fraction: ~trace_seconds of Poisson arrivals at that rate, and
+    never fewer than min_requests requests."""
     for i, fraction in enumerate(validation["rates_fraction"]):
         rate = fraction * stable_rps
         n = max(validation["min_requests"], int(round(rate * validation["trace_seconds"])))
@@ -30,37 +56,95 @@ def validation_traces(workload: dict, validation: dict, stable_rps: float, seed:
         yield fraction, rate, generate(spec, seed + 101 * (i + 1)).with_rate(rate)
 
 
-def _profiled_points(profile: pd.DataFrame) -> list[tuple[GridPoint, float]]:
-    """A few points of the profile that the engine's steps resemble, as (point, profiled median s):
-    the two longest batch-1 prefills, and decodes of 2 to 8 sequences at one mid-range context."""
-    prefill = profile[profile["kind"] == "prefill"].nlargest(2, "prompt_len")
-    decode = profile[(profile["kind"] == "decode") & profile["batch"].between(2, 8)]
-    if len(decode):
-        contexts = sorted(decode["cached"].unique())
-        decode = decode[decode["cached"] == contexts[len(contexts) // 2]]
-        decode = decode[decode["batch"].isin(sorted(decode["batch"].unique())[::2])]
-    chosen = pd.concat([prefill, decode]).sort_values(["kind", "batch", "prompt_len"])
-    return [(GridPoint(r.kind, int(r.batch), int(r.prompt_len), int(r.cached)), float(r.median_s))
-            for r in chosen.itertuples()]
+class SpeedProbe:
+    """Re-times the profile's reference shapes with the profiler's estimator and compares them with
+    the profile's median reference times."""
+
+    def __init__(self, model, profile_meta: dict, seed: int):
+        settings = profile_meta["settings"]
+        self.settings = settings
+        self.baseline = {kind: values["median_s"] for kind, values in profile_meta["speed"]["by_kind"].items()}
+        points = reference_points(settings)
+        generator = torch.Generator().manual_seed(seed)
+        pool = pool_for(model.config, list(points.values()), generator)
+        self.calls = {kind: point_call(model, pool, point, generator) for kind, point in points.items()}
+        self.started = time.perf_counter()
+        self.rows: list[dict] = []
+
+    def measure(self, label: str) -> dict:
+        """{kind: now / profiled} at this moment, recorded under `label`."""
+        ratios = {}
+        with torch.inference_mode():
+            for kind, call in self.calls.items():
+                timed = time_call(call, self.settings["warmup"], self.settings["repeats"], self.started)
+                seconds = float(np.median([s for _, s, _ in timed]))
+                ratios[kind] = seconds / self.baseline[kind]
+                self.rows.append({"label": label, "t_s": float(np.median([t for t, _, _ in timed])),
+                                  "kind": kind, "seconds": seconds, "profiled_s": self.baseline[kind],
+                                  "ratio": ratios[kind]})
+        return ratios
 
 
-def machine_drift(model, profile: pd.DataFrame, seed: int) -> dict:
-    """How much slower (ratio > 1) this machine runs now than when it was profiled: the same profile
-    points re-timed by the profiler's own code. A shared machine's speed wanders by tens of percent
-    over minutes; without this the comparison would charge that wander to the cost model."""
+def around(before: dict, after: dict) -> dict:
+    return {kind: (before[kind] + after[kind]) / 2 for kind in before}
+
+
+def path_check(model, profile_meta: dict, seed: int, shapes=PATH_CHECK_SHAPES, steps: int = PATH_CHECK_STEPS,
+               rounds: int = PATH_CHECK_ROUNDS, threads: int | None = None) -> dict:
+    """Engine decode steps against the profiler's point of the same shape, timed back to back.
+
+    An engine run serves B requests whose prompts are decode_lengths(B, T) tokens, all arriving at
+    once, under continuous batching with cap B: after one prefill step every later step decodes all B,
+    as the profiler's point does. The point is timed at the contexts the engine's steps have halfway
+    through its run. Engine and profiler alternate, `rounds` times, so both see the same machine."""
+    settings = profile_meta["settings"]
     generator = torch.Generator().manual_seed(seed)
-    ratios = []
-    with torch.inference_mode():
-        for point, profiled in _profiled_points(profile):
-            call, reset = point_runner(model, point, generator)
-            samples, _ = time_point(call, reset, warmup=1, min_repeats=3, max_repeats=5, budget_s=2.0)
-            ratios.append({"kind": point.kind, "batch": point.batch, "prompt_len": point.prompt_len,
-                           "cached": point.cached, "profiled_s": profiled, "now_s": float(np.median(samples)),
-                           "ratio": float(np.median(samples)) / profiled})
-    return {"points": ratios, "ratio": float(np.median([r["ratio"] for r in ratios])) if ratios else 1.0}
+    rows = []
+    for batch, context in shapes:
+        prompts = decode_lengths(batch, context).numpy()
+        trace = Trace(np.zeros(batch), prompts.astype(np.int64), np.full(batch, steps + 1, dtype=np.int64))
+        engine = Engine(model, "continuous", batch, threads=threads)
+        middle = GridPoint("decode", batch, 1, context + steps // 2)
+        pool = pool_for(model.config, [middle], generator)
+        call = point_call(model, pool, middle, generator)
+        engine_times, profile_times = [], []
+        for _ in range(rounds):
+            run = engine.run(trace, seed=seed)
+            decoding = run.steps[(run.steps["batch"] == batch) & (run.steps["n_prefill_calls"] == 0)]
+            engine_times.append(float(decoding["duration_s"].median()))
+            with torch.inference_mode():
+                timed = time_call(call, settings["warmup"], settings["repeats"], 0.0)
+            profile_times.append(float(np.median([s for _, s, _ in timed])))
+        engine_s, profile_s = float(np.median(engine_times)), float(np.median(profile_times))
+        rows.append({"batch": batch, "context": context, "engine_step_s": engine_s, "profile_point_s": profile_s,
+                     "engine_over_profile": engine_s / profile_s,
+                     "engine_rounds_s": engine_times, "profile_rounds_s": profile_times})
+    ratios = [row["engine_over_profile"] for row in rows]
+    return {"shapes": rows, "median_ratio": float(np.median(ratios)),
+            "max_abs_diff_pct": float(100 * max(abs(r - 1) for r in ratios))}
 
 
-def run_validation(model, cost, machine: dict, profile: pd.DataFrame, workload: dict, validation: dict,
+def steps_by_batch(steps: pd.DataFrame) -> pd.DataFrame:
+    """Engine steps grouped by decode batch size (0: steps that only prefill): how many, and the
+    median step time measured and predicted as fitted and as corrected for the speed around them."""
+    if steps.empty:
+        return pd.DataFrame()
+    grouped = steps.groupby("batch")
+    table = pd.DataFrame({
+        "steps": grouped.size(),
+        "with_prefill": grouped["n_prefill_calls"].apply(lambda calls: int((calls > 0).sum())),
+        "measured_ms": grouped["duration_s"].median() * 1e3,
+        "predicted_ms": grouped["predicted_s"].median() * 1e3,
+        "corrected_ms": grouped["corrected_s"].median() * 1e3,
+        "median_error_pct": grouped["error_pct"].median(),
+        "median_corrected_error_pct": grouped["corrected_error_pct"].median(),
+    }).reset_index()
+    table["judged"] = table["steps"] >= MIN_STEPS_PER_BATCH
+    table["within_goal"] = table["median_corrected_error_pct"].abs() <= STEP_GOAL_PCT
+    return table
+
+
+def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dict, validation: dict,
                    sweep: dict, memory: dict, seed: int, threads: int | None = None) -> dict:
     policy, cap, chunk = validation["policy"], validation["cap"], sweep["chunk_size"]
     blocks = kv_blocks(machine, memory)
@@ -70,83 +154,111 @@ def run_validation(model, cost, machine: dict, profile: pd.DataFrame, workload: 
                      sweep["horizon_factor"])
     stable_rps = found["capacity_rps"]
 
-    drift_before = machine_drift(model, profile, seed)
-    tables, corrected_tables, pairs, steps, traces = [], [], [], [], []
+    probe = SpeedProbe(model, profile_meta, seed)
+    checked = path_check(model, profile_meta, seed, threads=threads)
+    tables, pairs, steps, traces = [], [], [], []
+    rss_before = psutil.Process().memory_info().rss
+    peak_rss = rss_before
+    pool_bytes = 0
     started = time.monotonic()
-    drifted = []
-    for fraction, rate, trace in validation_traces(workload, validation, stable_rps, seed):
+    before = probe.measure("before trace 1")
+    for number, (fraction, rate, trace) in enumerate(validation_traces(workload, validation, stable_rps, seed), 1):
         remaining = validation["max_wall_s"] - (time.monotonic() - started)
+        label = {"load_fraction": fraction, "rate": rate}
         if remaining <= 0:
-            traces.append({"load_fraction": fraction, "rate": rate, "requests": len(trace), "skipped": True})
+            traces.append({**label, "requests": len(trace), "skipped": True})
             continue
         measured, step_frame = replay(trace, model, policy, cap, chunk, blocks, memory["block_size"],
                                       max_wall_s=remaining, seed=seed, threads=threads)
-        simulated = simulate(trace, cost, policy, cap, chunk, blocks, memory["block_size"], sweep["horizon_factor"])
-        label = {"load_fraction": fraction, "rate": rate}
-        tables.append(compare(measured, simulated).assign(**label))
-        drifted.append((trace, measured, label))
-        pairs.append(request_pairs(measured, simulated).assign(**label))
-        steps.append(predict_steps(step_frame, cost).assign(**label))
-        traces.append({**label, "requests": len(trace), "skipped": False,
-                       "measured_finished": int(measured.finished.sum()),
-                       "measured_truncated": bool(measured.truncated), "simulated_stable": bool(simulated.stable),
-                       "measured_wall_s": float(measured.end_s), "errors": len(measured.meta.get("errors", {}))})
+        after = probe.measure(f"after trace {number}")
+        speed = around(before, after)
+        before = after
+        peak_rss = max(peak_rss, measured.meta["peak_rss_bytes"])
+        pool_bytes = max(pool_bytes, measured.meta["kv_pool_bytes"])
+        corrected_cost = cost.slowed(speed["decode"], speed["prefill"])
+        for name, model_cost in (("as_fitted", cost), ("drift_corrected", corrected_cost)):
+            simulated = simulate(trace, model_cost, policy, cap, chunk, blocks, memory["block_size"],
+                                 sweep["horizon_factor"])
+            tables.append(compare(measured, simulated).assign(**label, cost_model=name))
+            if name == "as_fitted":
+                pairs.append(request_pairs(measured, simulated).assign(**label))
+                traces.append({**label, "requests": len(trace), "skipped": False,
+                               "measured_finished": int(measured.finished.sum()),
+                               "measured_truncated": bool(measured.truncated),
+                               "simulated_stable": bool(simulated.stable),
+                               "measured_wall_s": float(measured.end_s), "errors": len(measured.meta.get("errors", {})),
+                               "speed_ratio": speed})
+        predicted = predict_steps(step_frame, cost)
+        corrected = predict_steps(step_frame, corrected_cost)
+        steps.append(predicted.assign(corrected_s=corrected["predicted_s"],
+                                      corrected_error_pct=corrected["error_pct"], **label))
 
-    drift_after = machine_drift(model, profile, seed)
-    drift = float(np.mean([drift_before["ratio"], drift_after["ratio"]]))
-    # the same simulation on the cost model slowed by the drift measured around the replays
-    corrected_cost = cost.scaled(1.0 / drift)
-    for trace, measured, label in drifted:
-        simulated = simulate(trace, corrected_cost, policy, cap, chunk, blocks, memory["block_size"],
-                             sweep["horizon_factor"])
-        corrected_tables.append(compare(measured, simulated).assign(**label))
-
-    comparison = pd.concat(tables, ignore_index=True).assign(cost_model="as_fitted") if tables else pd.DataFrame()
-    if corrected_tables:
-        comparison = pd.concat([comparison, pd.concat(corrected_tables, ignore_index=True)
-                                .assign(cost_model="drift_corrected")], ignore_index=True)
+    comparison = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     step_frame = pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()
+    by_batch = steps_by_batch(step_frame)
+    speed_trace = pd.DataFrame(probe.rows)
+    drift = {kind: float(speed_trace.loc[speed_trace["kind"] == kind, "ratio"].median())
+             for kind in probe.calls} if len(speed_trace) else {}
     return {
         "comparison": comparison,
         "requests": pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame(),
         "steps": step_frame.drop(columns=["prefill_calls"], errors="ignore"),
+        "steps_by_batch": by_batch,
         "meta": {
             "policy": policy, "max_num_seqs": cap, "chunk_size": chunk, "kv_blocks": blocks,
             "stable_capacity_rps": stable_rps, "stable_capacity_interval": [found["capacity_min_rps"],
                                                                             found["capacity_max_rps"]],
             "traces": traces,
-            "machine_drift": {"ratio": drift, "before": drift_before, "after": drift_after},
-            "headline": headline(comparison, step_frame, validation, drift),
+            "machine_drift": {"by_kind": drift, "ratio": float(np.mean(list(drift.values()))) if drift else 1.0,
+                              "trace": probe.rows},
+            "path_check": checked,
+            "serving_memory": {"peak_rss_bytes": int(peak_rss), "rss_before_replays_bytes": int(rss_before),
+                               "kv_pool_bytes": int(pool_bytes), "max_num_seqs": cap, "policy": policy},
+            "steps_by_batch": by_batch.to_dict("records"),
+            "headline": headline(comparison, by_batch, validation, step_frame,
+                                 float(np.mean(list(drift.values()))) if drift else 1.0),
         },
     }
 
 
-def headline(comparison: pd.DataFrame, steps: pd.DataFrame, validation: dict, drift: float) -> dict:
-    """The agreement figures the report leads with: p90 TTFT and mean TPOT error below 85% load, for
-    the cost model as fitted and corrected for the machine's measured drift, and the per-step error."""
+def agreement(rows: pd.DataFrame, goal_pct: float) -> pd.Series:
+    """A simulated statistic agrees when it lies inside the measured bootstrap 90% interval or within
+    goal_pct of the measured value."""
+    inside = (rows["simulated_ms"] >= rows["measured_lo_ms"]) & (rows["simulated_ms"] <= rows["measured_hi_ms"])
+    return inside | (rows["diff_pct"].abs() <= goal_pct)
+
+
+def headline(comparison: pd.DataFrame, by_batch: pd.DataFrame, validation: dict,
+             steps: pd.DataFrame | None = None, drift: float = 1.0) -> dict:
+    """The agreement figures the report leads with: p90 TTFT and mean TPOT at every load up to 0.85
+    of capacity, for the cost model as fitted and corrected for the speed measured around each trace,
+    and the step error (per batch size, and over all steps)."""
     if comparison.empty:
         return {"evaluated": False}
     goal = validation["goal_pct"]
     out = {"evaluated": True, "goal_pct": goal, "machine_drift_ratio": drift}
-    for model_name in ("as_fitted", "drift_corrected"):
-        below = comparison[(comparison["load_fraction"] <= 0.85 + 1e-9) & (comparison["cost_model"] == model_name)]
+    if steps is not None and len(steps):
+        out.update({"step_mape_pct": float(steps["error_pct"].abs().mean()),
+                    "step_bias_pct": float(steps["error_pct"].median()),
+                    "step_mape_drift_corrected_pct": float(steps["corrected_error_pct"].abs().mean()),
+                    "step_bias_drift_corrected_pct": float(steps["corrected_error_pct"].median())})
+    for name in ("as_fitted", "drift_corrected"):
+        below = comparison[(comparison["load_fraction"] <= 0.85 + 1e-9) & (comparison["cost_model"] == name)]
+        judged = below[((below["metric"] == "ttft") & (below["stat"] == "p90"))
+                       | ((below["metric"] == "tpot") & (below["stat"] == "mean"))].dropna(subset=["diff_pct"])
 
-        def worst(metric, stat):
-            rows = below[(below["metric"] == metric) & (below["stat"] == stat)]["diff_pct"].dropna()
+        def worst(metric):
+            rows = judged[judged["metric"] == metric]["diff_pct"]
             return float(rows.abs().max()) if len(rows) else None
 
-        ttft, tpot = worst("ttft", "p90"), worst("tpot", "mean")
-        out[model_name] = {"worst_abs_ttft_p90_diff_pct": ttft, "worst_abs_tpot_mean_diff_pct": tpot,
-                           "met": ttft is not None and tpot is not None and ttft <= goal and tpot <= goal}
-    errors = steps["error_pct"] if len(steps) else pd.Series(dtype=float)
-    corrected = (100.0 + errors) * drift - 100.0
-    out.update({
-        "met": out["as_fitted"]["met"],
-        "worst_abs_ttft_p90_diff_pct": out["as_fitted"]["worst_abs_ttft_p90_diff_pct"],
-        "worst_abs_tpot_mean_diff_pct": out["as_fitted"]["worst_abs_tpot_mean_diff_pct"],
-        "step_mape_pct": float(np.mean(np.abs(errors))) if len(errors) else None,
-        "step_bias_pct": float(np.median(errors)) if len(errors) else None,
-        "step_mape_drift_corrected_pct": float(np.mean(np.abs(corrected))) if len(errors) else None,
-        "step_bias_drift_corrected_pct": float(np.median(corrected)) if len(errors) else None,
-    })
+        out[name] = {"worst_abs_ttft_p90_diff_pct": worst("ttft"), "worst_abs_tpot_mean_diff_pct": worst("tpot"),
+                     "agree": int(agreement(judged, goal).sum()), "judged": int(len(judged)),
+                     "met": bool(len(judged)) and bool(agreement(judged, goal).all())}
+    judged_batches = by_batch[by_batch["judged"]] if len(by_batch) else by_batch
+    out["steps"] = {"min_steps": MIN_STEPS_PER_BATCH, "goal_pct": STEP_GOAL_PCT,
+                    "judged_batches": [int(b) for b in judged_batches.get("batch", [])],
+                    "met": bool(len(judged_batches)) and bool(judged_batches["within_goal"].all())}
+    out["met"] = out["drift_corrected"]["met"]
+    out["worst_abs_ttft_p90_diff_pct"] = out["as_fitted"]["worst_abs_ttft_p90_diff_pct"]
+    out["worst_abs_tpot_mean_diff_pct"] = out["as_fitted"]["worst_abs_tpot_mean_diff_pct"]
     return out

@@ -8,7 +8,7 @@ import torch
 from servingplan.costmodel import EXERCISE2
 from servingplan.profiling.model import load_model
 from servingplan.serving import Engine, compare, predict_steps, replay, request_pairs
-from servingplan.serving import engine as engine_module
+from servingplan.serving import kvpool
 from servingplan.serving.engine import STEP_COLUMNS
 from servingplan.sim import POLICIES, simulate
 from servingplan.workload import Trace
@@ -96,14 +96,14 @@ def test_a_request_too_big_for_the_kv_budget_is_refused_with_a_reason(model):
 
 
 def test_a_failing_model_call_errors_its_requests_only(model, monkeypatch):
-    real_prefill = engine_module.prefill_call
+    real_prefill = kvpool.prefill_call
 
     def prefill_failing_on_37_tokens(model, input_ids, cache=None):
         if input_ids.shape[1] == 37:
             raise RuntimeError("injected failure")
         return real_prefill(model, input_ids, cache)
 
-    monkeypatch.setattr(engine_module, "prefill_call", prefill_failing_on_37_tokens)
+    monkeypatch.setattr(kvpool, "prefill_call", prefill_failing_on_37_tokens)
     trace = Trace(np.array([0.0, 0.0, 0.01]), np.array([12, 37, 20]), np.array([4, 4, 4]))
     run = serve(model, trace, "continuous", max_num_seqs=1)
     assert list(run.errors) == [1] and "injected failure" in run.errors[1]
@@ -142,7 +142,9 @@ def test_replay_compares_with_a_simulation_of_the_same_trace(model, trace):
     measured, steps = replay(trace, model, "continuous_chunked", 4, 16, max_wall_s=WALL_S, threads=THREADS)
     simulated = simulate(trace, EXERCISE2, "continuous_chunked", 4, 16, record_tokens=True)
     table = compare(measured, simulated)
-    assert list(table.columns) == ["metric", "stat", "n", "measured_ms", "simulated_ms", "diff_pct"]
+    assert list(table.columns) == ["metric", "stat", "n", "measured_ms", "measured_lo_ms", "measured_hi_ms",
+                                   "simulated_ms", "diff_pct"]
+    assert (table.measured_lo_ms <= table.measured_hi_ms).all()
     assert len(table) == 12 and (table["n"] > 0).all()
     assert table[["measured_ms", "simulated_ms"]].notna().all().all()
     same = compare(measured, measured)

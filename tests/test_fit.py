@@ -9,7 +9,7 @@ import pytest
 from servingplan import costmodel
 from servingplan.costmodel import CostModel
 from servingplan.profiling.fit import (
-    DECODE_TERMS, PREFILL_TERMS, fit_profile, holdout_mask, nonnegative_lstsq, run_fit,
+    DECODE_TERMS, PREFILL_TERMS, SELECTION_MARGIN, fit_profile, holdout_mask, nonnegative_lstsq, run_fit,
 )
 from servingplan.profiling.measure import run_profile
 
@@ -30,7 +30,27 @@ def synthetic_points(model: CostModel, decode_batches=(1, 2, 4, 8, 16, 24, 32, 4
     points["median_s"] = [
         model.decode_time(b, b * ctx, ctx) if kind == "decode" else b * model.prefill_time(length, ctx)
         for kind, b, length, ctx in zip(points.kind, points.batch, points.prompt_len, points.cached)]
+    points["spread_pct"] = 0.0
     return points
+
+
+def rounds_of(points: pd.DataFrame, factors: np.ndarray | None = None, n_rounds: int = 4) -> tuple:
+    """(points, samples) as the profiler writes them: every point measured in `n_rounds` rounds, round
+    r of point i taking median_s x factors[i, r] (1 everywhere by default); median_s becomes the median
+    over rounds."""
+    factors = np.ones((len(points), n_rounds)) if factors is None else factors
+    values = points["median_s"].to_numpy()[:, None] * factors
+    samples = pd.DataFrame([{"point_id": pid, "kind": kind, "round": r, "repeat": 0, "normalized_s": values[i, r]}
+                            for i, (pid, kind) in enumerate(zip(points.point_id, points.kind))
+                            for r in range(factors.shape[1])])
+    points = points.assign(median_s=np.median(values, axis=1),
+                           spread_pct=100 * (values.max(axis=1) - values.min(axis=1)) / np.median(values, axis=1))
+    return points, samples
+
+
+def fit_of(points, factors=None, holdout=0.25, goal=0.05, seed=0):
+    points, samples = rounds_of(points, factors)
+    return fit_profile(points, samples, synthetic_meta(), holdout, goal, seed)
 
 
 def synthetic_meta() -> dict:
@@ -50,68 +70,33 @@ def coefficients(model: CostModel) -> dict:
 
 
 def test_fit_recovers_known_coefficients_exactly():
-    fit = fit_profile(synthetic_points(KNOWN), synthetic_meta(), holdout_fraction=0.25, mape_goal=0.05, seed=0)
+    fit = fit_of(synthetic_points(KNOWN))
     for term, value in coefficients(KNOWN).items():
         assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6), term
         assert fit.report["validation_coefficients"][term] == pytest.approx(value, rel=1e-6), term
     assert fit.cost_model.ctx_mode == "padded_max"
+    assert fit.cost_model.decode_batch_fixed_s == ()  # a line that fits every round needs no table
     assert fit.report["r2"]["prefill"] == pytest.approx(1.0) and fit.report["r2"]["decode"] == pytest.approx(1.0)
     assert fit.report["heldout_mape"] < 1e-6 and fit.report["goal_met"]
 
 
-def test_fit_keeps_zero_terms_at_zero():
-    fit = fit_profile(synthetic_points(costmodel.EXERCISE2), synthetic_meta(), 0.25, 0.05, seed=1)
+def test_fit_keeps_zero_terms_at_zero_and_drops_the_optional_ones_that_do_not_help():
+    fit = fit_of(synthetic_points(costmodel.EXERCISE2), seed=1)
     for term, value in coefficients(costmodel.EXERCISE2).items():
         assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6, abs=1e-15), term
+    assert fit.report["form"]["prefill_terms"] == ["prefill_fixed_s", "prefill_per_token_s"]
 
 
 def test_heldout_mape_is_measured_on_heldout_points_by_the_training_fit():
     points = synthetic_points(KNOWN)
-    held = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0).predictions.in_holdout.to_numpy()
+    held = fit_of(points).predictions.in_holdout.to_numpy()
     # Only held-out points are off the model: a fit that never saw them stays exact and misses each by 10/110.
     points.loc[held, "median_s"] *= 1.1
-    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
+    fit = fit_of(points)
     assert fit.report["heldout_mape"] == pytest.approx(0.1 / 1.1, rel=1e-6)
     assert not fit.report["goal_met"]
     trained = fit.predictions[~fit.predictions.in_holdout & fit.predictions.used_in_fit]
     assert np.abs(trained.validation_error_pct).max() < 1e-6
-
-
-def test_points_slowed_by_other_load_are_left_out_of_the_fit():
-    points = synthetic_points(KNOWN)
-    points["cpu_share"] = 0.97
-    contended = points.point_id.isin([0, 5, 22, 30, 40])
-    points.loc[contended, "median_s"] *= 3
-    points.loc[contended, "cpu_share"] = 0.4
-    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
-    for term, value in coefficients(KNOWN).items():
-        assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6), term
-    assert sorted(fit.report["contention"]["excluded_point_ids"]) == [0, 5, 22, 30, 40]
-    assert not fit.predictions[contended].used_in_fit.any() and not fit.predictions[contended].in_holdout.any()
-
-
-def test_a_kind_mostly_slowed_by_other_load_keeps_its_points():
-    points = synthetic_points(KNOWN)
-    points["cpu_share"] = np.where(points.kind == "prefill_cached", 0.4, 0.97)
-    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
-    assert fit.predictions[points.kind == "prefill_cached"].used_in_fit.all()
-    assert fit.report["contention"]["excluded_point_ids"] == []
-    assert len(fit.report["contention"]["kept_contended_point_ids"]) == 4
-
-
-def test_decode_below_the_fitted_batch_range_stays_out_of_the_line_but_enters_the_table():
-    points = synthetic_points(KNOWN)
-    batch_one = ((points.kind == "decode") & (points.batch == 1)).to_numpy()
-    points.loc[batch_one, "median_s"] *= 0.5
-    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
-    for term, value in coefficients(KNOWN).items():
-        if term != "decode_per_ctx_token_s":  # the table's c, which batch 1's halved context term pulls
-            assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6), term
-    assert fit.report["decode_batch_table"]["line_per_ctx_token_s"] == pytest.approx(3e-8, rel=1e-6)
-    assert fit.report["decode_below_min_batch"]["measured_over_line"] == pytest.approx(0.5)
-    assert fit.predictions[batch_one].used_in_fit.all()
-    assert dict(fit.cost_model.decode_batch_fixed_s)[1] == pytest.approx(0.5 * (0.03 + 2.5e-3), rel=0.02)
-    assert np.abs(fit.predictions[batch_one].error_pct).max() < 2.0
 
 
 # f(B) with the kernel switch seen on the profiling CPU: fast at batch 1, a bump at 2-3, a dip at 4-8
@@ -119,31 +104,56 @@ BUMPY_FIXED_S = {1: 0.030, 2: 0.060, 3: 0.085, 4: 0.066, 5: 0.064, 6: 0.074, 7: 
                  12: 0.095, 16: 0.105, 24: 0.125, 32: 0.145, 48: 0.185, 64: 0.225}
 
 
-def test_fit_recovers_a_nonlinear_per_batch_decode_time_and_it_predicts_better_held_out():
+def sawtooth(points: pd.DataFrame, amplitude: float, n_rounds: int = 4) -> np.ndarray:
+    """Round factors that push each decode batch up in some rounds and down in others, by a pattern
+    that changes from round to round: noise, not a property of the batch."""
+    position = {batch: i for i, batch in enumerate(sorted(points["batch"].unique()))}
+    signs = np.array([[(-1) ** (r + position[b]) for r in range(n_rounds)] for b in points["batch"]])
+    decode = (points["kind"] == "decode").to_numpy()[:, None]
+    return np.where(decode, 1 + amplitude * signs, 1.0)
+
+
+def test_a_sawtooth_that_is_not_there_in_every_round_gets_no_table():
+    points = synthetic_points(KNOWN, decode_batches=tuple(BUMPY_FIXED_S))
+    fit = fit_of(points, sawtooth(points, 0.10))
+    scores = fit.report["selection"]["decode_table"]
+    assert all(not score["kept"] for score in scores.values())
+    assert all(score["line_round_mape"] < score["table_round_mape"] for score in scores.values())
+    assert fit.cost_model.decode_batch_fixed_s == ()
+
+
+def test_the_table_is_kept_exactly_where_it_beats_the_line_on_held_out_rounds():
     bumpy = dataclasses.replace(KNOWN, decode_batch_fixed_s=tuple(BUMPY_FIXED_S.items()))
     points = synthetic_points(bumpy, decode_batches=tuple(BUMPY_FIXED_S))
-    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
-    # c is shared by every batch, so the line's c is exact even though a + b B misses the bumps
+    fit = fit_of(points, sawtooth(points, 0.03))
+    scores = fit.report["selection"]["decode_table"]
+    kept = [int(batch) for batch, score in scores.items() if score["kept"]]
+    for batch, score in scores.items():
+        assert score["kept"] == (score["table_round_mape"] < score["line_round_mape"] - SELECTION_MARGIN), batch
+    assert fit.report["form"]["table_batches"] == kept
+    # the kernel-switch bumps are there in every round, so they stay
+    assert {1, 3, 7} <= set(kept)
+    # batches without a table value of their own sit on the one line the joint fit drew through them
+    table = dict(fit.cost_model.decode_batch_fixed_s)
+    assert sorted(table) == sorted(BUMPY_FIXED_S)
+    rest = [b for b in table if b not in kept]
+    if len(rest) >= 2:
+        slope = (table[rest[-1]] - table[rest[0]]) / (rest[-1] - rest[0])
+        for batch in rest:
+            assert table[batch] == pytest.approx(table[rest[0]] + slope * (batch - rest[0]), rel=1e-9)
+
+
+def test_a_real_per_batch_curve_is_recovered_and_predicts_better_held_out():
+    bumpy = dataclasses.replace(KNOWN, decode_batch_fixed_s=tuple(BUMPY_FIXED_S.items()))
+    fit = fit_of(synthetic_points(bumpy, decode_batches=tuple(BUMPY_FIXED_S)))
     assert fit.cost_model.decode_per_ctx_token_s == pytest.approx(KNOWN.decode_per_ctx_token_s, rel=1e-6)
-    assert dict(fit.cost_model.decode_batch_fixed_s) == pytest.approx(BUMPY_FIXED_S, rel=1e-6)
-    table = fit.report["decode_batch_table"]
-    assert table["batches"] == list(BUMPY_FIXED_S)
-    assert table["heldout_mape"]["with_table"] < 1e-6 < table["heldout_mape"]["line_only"]
+    kept = fit.report["form"]["table_batches"]
+    table = dict(fit.cost_model.decode_batch_fixed_s)
+    for batch in kept:
+        assert table[batch] == pytest.approx(BUMPY_FIXED_S[batch], rel=1e-6)
+    report = fit.report["decode_batch_table"]
+    assert report["heldout_mape"]["shipped"] < report["heldout_mape"]["line_only"]
     assert fit.report["heldout_mape"] < fit.report["heldout_mape_line_only"]
-    assert max(map(abs, table["mean_signed_error_pct_by_batch"]["with_table"].values())) < 1e-6
-    assert max(map(abs, table["mean_signed_error_pct_by_batch"]["line_only"].values())) > 5
-    assert np.abs(fit.predictions.error_pct[fit.predictions.used_in_fit]).max() < 1e-6
-
-
-def test_decode_table_is_built_from_training_points_only():
-    bumpy = dataclasses.replace(KNOWN, decode_batch_fixed_s=tuple(BUMPY_FIXED_S.items()))
-    points = synthetic_points(bumpy, decode_batches=tuple(BUMPY_FIXED_S))
-    held = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0).predictions.in_holdout.to_numpy()
-    decode_held = held & (points.kind == "decode").to_numpy()
-    points.loc[decode_held, "median_s"] *= 1.1
-    fit = fit_profile(points, synthetic_meta(), 0.25, 0.05, seed=0)
-    # the training-split table never saw the slowed points, so it misses each by exactly 10/110
-    assert fit.report["decode_batch_table"]["heldout_mape"]["with_table"] == pytest.approx(0.1 / 1.1, rel=1e-6)
 
 
 def test_holdout_is_seeded_per_kind_and_leaves_training_points():
@@ -167,7 +177,7 @@ def test_nonnegative_lstsq_satisfies_the_optimality_conditions():
 
 
 def test_physical_readings_compare_coefficients_with_their_roofline_floor():
-    physical = fit_profile(synthetic_points(KNOWN), synthetic_meta(), 0.25, 0.05, 0).report["physical"]
+    physical = fit_of(synthetic_points(KNOWN)).report["physical"]
     assert physical["decode_fixed_s"]["floor"] == pytest.approx(497_759_232 / 20e9)
     assert physical["decode_fixed_s"]["ratio_to_floor"] == pytest.approx(0.03 / (497_759_232 / 20e9), rel=1e-6)
     assert physical["decode_per_ctx_token_s"]["floor"] == pytest.approx(73_728 / 20e9)
@@ -180,20 +190,22 @@ def test_quick_profile_fit_writes_the_cost_model_report_and_predictions(tmp_path
     paths = tmp_path / "points.csv", tmp_path / "samples.csv", tmp_path / "meta.json"
     profile.write(*paths)
     outputs = tmp_path / "cost_model.json", tmp_path / "fit_report.json", tmp_path / "predictions.csv"
-    run_fit(paths[0], paths[2], {"holdout_fraction": 0.25, "mape_goal": 0.05}, 0, *outputs)
+    run_fit(paths[0], paths[1], paths[2], {"holdout_fraction": 0.25, "mape_goal": 0.05}, 0, *outputs)
 
     model = costmodel.load(outputs[0])
     assert model.ctx_mode == "padded_max"
     assert model.meta["machine_fingerprint"] == profile.meta["machine"]["fingerprint"]
+    assert set(model.meta["speed_band"]) == {"decode", "prefill"}
     assert all(getattr(model, term) >= 0 for term in PREFILL_TERMS + DECODE_TERMS)
     report = json.loads(outputs[1].read_text())
     assert set(report["coefficients"]) == set(PREFILL_TERMS + DECODE_TERMS)
-    assert {"r2", "heldout_mape", "heldout_mape_line_only", "goal_met", "physical", "residual_structure",
-            "decode_batch_table"} <= set(report)
-    assert [batch for batch, _ in model.decode_batch_fixed_s] == report["decode_batch_table"]["batches"]
+    assert {"r2", "heldout_mape", "heldout_mape_line_only", "round_mape", "goal_met", "physical",
+            "residual_structure", "decode_batch_table", "selection", "form"} <= set(report)
+    assert [batch for batch, _ in model.decode_batch_fixed_s] == (
+        report["decode_batch_table"]["batches"] if report["form"]["table_batches"] else [])
     predictions = pd.read_csv(outputs[2])
     assert len(predictions) == len(profile.points)
     assert list(predictions.columns) == [
         "point_id", "kind", "batch", "prompt_len", "cached", "measured_s", "predicted_s", "error_pct",
-        "in_holdout", "validation_predicted_s", "validation_error_pct", "used_in_fit", "cpu_share"]
+        "in_holdout", "validation_predicted_s", "validation_error_pct", "used_in_fit", "spread_pct"]
     assert predictions.in_holdout.any() and not predictions[predictions.kind == "prefill_batch"].used_in_fit.any()

@@ -8,12 +8,14 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from servingplan.profiling import machine
 from servingplan.profiling.measure import (
-    QUICK_PROFILE, VISITS, build_grid, kept_attempt, decode_call, prefill_call, profile_settings, random_kv_cache, run_profile,
+    QUICK_PROFILE, build_grid, decode_lengths, normalise, profile_settings, relative_speed, run_profile, speed_summary,
 )
+from servingplan.serving.kvpool import KVPool, decode_call, decode_step, prefill_call, prefill_step
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
 
 PROFILE_CFG = {
-    "threads": 0, "warmup": 2, "min_repeats": 3, "max_repeats": 15, "point_budget_s": 3.0,
+    "threads": 0, "warmup": 1, "rounds": 3, "repeats": 3, "reference_interval_s": 10,
+    "reference_decode": [4, 256], "reference_prefill": 256,
     "prefill_lengths": [16, 512], "prefill_batches": [1, 2], "decode_batches": [1, 64],
     "decode_contexts": [64, 768], "probe_bytes": 2**28, "gemm_size": 1024,
 }
@@ -79,15 +81,36 @@ def test_decode_after_prefill_matches_prefill_of_the_longer_prompt():
     torch.testing.assert_close(step.logits, prefill_call(model, prompts).logits, rtol=1e-4, atol=1e-5)
 
 
-def test_random_cache_has_the_requested_shape_and_crop_restores_it_after_a_decode_step():
+def test_the_engine_step_functions_on_a_pool_match_a_plain_prefill_of_the_longer_prompts():
     model = tiny_model()
-    cache = random_kv_cache(model.config, batch=3, context=5)
-    assert cache.layers[0].keys.shape == (3, 2, 5, 32)
-    decode_call(model, torch.zeros(3, 1, dtype=torch.long), cache, torch.ones(3, 6, dtype=torch.long),
-                torch.full((3, 1), 5, dtype=torch.long))
-    assert cache.get_seq_length() == 6
-    cache.crop(-1)
-    assert cache.get_seq_length() == 5
+    prompts = torch.randint(model.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([8, 5, 3])
+    pool = KVPool(model.config, slots=3, capacity=12)
+    for slot, length in enumerate(lengths.tolist()):
+        prefill_step(model, pool, slot, prompts[slot:slot + 1, :length], cached=0)
+    next_ids = torch.stack([prompts[slot, length] for slot, length in enumerate(lengths.tolist())])[:, None]
+    logits = decode_step(model, pool, lengths, next_ids)
+    for slot, length in enumerate(lengths.tolist()):
+        expected = prefill_call(model, prompts[slot:slot + 1, :length + 1]).logits[0, -1]
+        torch.testing.assert_close(logits[slot], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_profiled_decode_batches_are_ragged_like_the_engine_s():
+    assert decode_lengths(1, 256).tolist() == [256]
+    lengths = decode_lengths(4, 256)
+    assert lengths.max() == 256 and lengths.min() == 128 and len(set(lengths.tolist())) == 4
+
+
+def test_normalising_by_the_speed_trace_removes_a_slowdown_of_the_whole_machine():
+    # the machine runs 1.5x slower after t = 10 s; the same call measured before and after
+    trace = pd.DataFrame({"t_s": [0.0, 9.0, 11.0, 20.0], "kind": "decode", "seconds": [1.0, 1.0, 1.5, 1.5]})
+    samples = pd.DataFrame({"kind": "decode", "t_s": [2.0, 18.0], "seconds": [0.2, 0.3]})
+    normalised = normalise(samples, trace)
+    assert normalised["normalized_s"].iloc[0] == pytest.approx(normalised["normalized_s"].iloc[1])
+    assert relative_speed(trace, "decode", [10.0])[0] == pytest.approx(1.25 / 1.25)
+    summary = speed_summary(trace)
+    assert summary["by_kind"]["decode"]["moved_pct"] == pytest.approx(100 * 0.5 / 1.25)
+    assert summary["moved_more_than_10pct"] and summary["by_kind"]["decode"]["relative_max"] == pytest.approx(1.2)
 
 
 def test_fingerprint_is_stable_and_depends_on_threads():
@@ -95,12 +118,6 @@ def test_fingerprint_is_stable_and_depends_on_threads():
     assert len(machine.fingerprint(2)) == 10
     assert machine.fingerprint(1) != machine.fingerprint(3)
     assert machine.fingerprint(0) == machine.fingerprint(machine.resolve_threads(0))
-
-
-def test_a_point_keeps_its_fastest_uncontended_attempt_or_else_its_least_contended():
-    slow_clean, fast_contended, fast_clean = ([1.0] * 3, [0.9] * 3), ([0.5] * 3, [0.3] * 3), ([0.8] * 3, [0.95] * 3)
-    assert kept_attempt([slow_clean, fast_contended, fast_clean]) == 2
-    assert kept_attempt([fast_contended, ([2.0] * 3, [0.6] * 3)]) == 1
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +138,16 @@ def test_quick_profile_measures_every_grid_point_with_positive_times(quick_profi
         (p.kind, p.batch, p.prompt_len, p.cached) for p in grid}
     assert set(points.kind) == {"prefill", "prefill_batch", "prefill_cached", "decode"}
     assert (points.median_s > 0).all() and (points.floor_s > 0).all() and (points.efficiency > 0).all()
-    assert (points.p10_s <= points.median_s).all() and (points.median_s <= points.p90_s).all()
-    assert points.n_repeats.between(QUICK_PROFILE["min_repeats"], QUICK_PROFILE["max_repeats"]).all()
-    assert (points.attempts >= VISITS).all()
-    assert (samples.groupby("point_id").attempt.nunique().loc[points.point_id] == points.attempts.to_numpy()).all()
-    assert (samples.seconds > 0).all()
-    kept = samples[samples.kept]
-    assert len(kept) == points.n_repeats.sum()
-    assert (kept.groupby("point_id").attempt.first().loc[points.point_id] == points.kept_attempt.to_numpy()).all()
-    medians = kept.groupby("point_id").seconds.median()
-    assert medians.loc[points.point_id].to_numpy() == pytest.approx(points.median_s.to_numpy())
+    assert (points.round_min_s <= points.median_s).all() and (points.median_s <= points.round_max_s).all()
+    assert (points.n_rounds == QUICK_PROFILE["rounds"]).all()
+    assert (points.n_repeats == QUICK_PROFILE["rounds"] * QUICK_PROFILE["repeats"]).all()
+    assert (samples.seconds > 0).all() and (samples.speed > 0).all()
+    assert samples.normalized_s.to_numpy() == pytest.approx((samples.seconds / samples.speed).to_numpy())
+    # rounds are spread over the run: each point's rounds were measured at different times
+    spans = samples.groupby("point_id").t_s.agg(lambda t: t.max() - t.min())
+    assert (spans > 0).all()
+    per_round = samples.groupby(["point_id", "round"]).normalized_s.median().groupby("point_id").median()
+    assert per_round.loc[points.point_id].to_numpy() == pytest.approx(points.median_s.to_numpy())
 
 
 def test_quick_profile_metadata(quick_profile):
@@ -140,6 +157,9 @@ def test_quick_profile_metadata(quick_profile):
     assert meta["roofline"]["bandwidth_gbs"] > 0 and meta["roofline"]["gemm_gflops"] > 0
     assert meta["machine"]["fingerprint"] == machine.fingerprint(meta["machine"]["threads"])
     assert meta["memory"]["peak_rss_bytes"] >= meta["memory"]["param_bytes"]
+    trace = pd.DataFrame(meta["speed"]["trace"])
+    assert set(trace.kind) == {"decode", "prefill"} and trace.groupby("kind").size().min() >= 2
+    assert meta["speed"]["moved_pct"] >= 0 and set(meta["speed"]["by_kind"]) == {"decode", "prefill"}
 
 
 def test_measured_kv_bytes_per_token_is_two_tensors_per_layer_in_float32(quick_profile):

@@ -1,49 +1,80 @@
+"""The validation stage's measurements: the speed probe, the path check, agreement and step tables."""
 import numpy as np
 import pandas as pd
 import pytest
 
+from servingplan.profiling.measure import QUICK_PROFILE
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
-from servingplan.validation import _profiled_points, headline, machine_drift
-
-PROFILE = pd.DataFrame([
-    {"kind": "prefill", "batch": 1, "prompt_len": 64, "cached": 0, "median_s": 0.01},
-    {"kind": "prefill", "batch": 1, "prompt_len": 128, "cached": 0, "median_s": 0.02},
-    {"kind": "prefill", "batch": 1, "prompt_len": 32, "cached": 0, "median_s": 0.005},
-    {"kind": "decode", "batch": 1, "prompt_len": 1, "cached": 16, "median_s": 0.002},
-    {"kind": "decode", "batch": 2, "prompt_len": 1, "cached": 16, "median_s": 0.003},
-    {"kind": "decode", "batch": 4, "prompt_len": 1, "cached": 16, "median_s": 0.004},
-    {"kind": "decode", "batch": 2, "prompt_len": 1, "cached": 64, "median_s": 0.0035},
-])
+from servingplan.serving.replay import bootstrap_interval
+from servingplan.validation import SpeedProbe, agreement, headline, path_check, steps_by_batch
 
 
-def test_probe_points_are_the_longest_prefills_and_small_decode_batches():
-    points = [(p.kind, p.batch, p.prompt_len, p.cached) for p, _ in _profiled_points(PROFILE)]
-    assert points == [("decode", 2, 1, 64), ("prefill", 1, 64, 0), ("prefill", 1, 128, 0)]
+@pytest.fixture(scope="module")
+def model():
+    return load_model("random", 0, QUICK_CONFIG_OVERRIDES)[0]
 
 
-def test_machine_drift_retimes_the_profiled_points():
-    model, _ = load_model("random", 0, QUICK_CONFIG_OVERRIDES)
-    drift = machine_drift(model, PROFILE, seed=0)
-    assert len(drift["points"]) == 3
-    for point in drift["points"]:
-        assert point["now_s"] > 0 and point["ratio"] == pytest.approx(point["now_s"] / point["profiled_s"])
-    assert drift["ratio"] == pytest.approx(np.median([p["ratio"] for p in drift["points"]]))
+def profile_meta(decode_s=0.002, prefill_s=0.004):
+    return {"settings": dict(QUICK_PROFILE),
+            "speed": {"by_kind": {"decode": {"median_s": decode_s}, "prefill": {"median_s": prefill_s}}}}
 
 
-def comparison_rows(model_name, diff):
+def test_speed_probe_compares_the_references_with_the_profile_median(model):
+    probe = SpeedProbe(model, profile_meta(), seed=0)
+    ratios = probe.measure("now")
+    assert set(ratios) == {"decode", "prefill"}
+    for row in probe.rows:
+        assert row["ratio"] == pytest.approx(row["seconds"] / row["profiled_s"]) and row["label"] == "now"
+
+
+def test_path_check_times_engine_steps_and_profile_points_of_each_shape(model):
+    checked = path_check(model, profile_meta(), seed=0, shapes=((1, 16), (3, 16)), steps=4, rounds=2)
+    assert [(row["batch"], row["context"]) for row in checked["shapes"]] == [(1, 16), (3, 16)]
+    for row in checked["shapes"]:
+        assert len(row["engine_rounds_s"]) == len(row["profile_rounds_s"]) == 2
+        assert row["engine_over_profile"] == pytest.approx(row["engine_step_s"] / row["profile_point_s"])
+    assert checked["median_ratio"] > 0
+
+
+def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_requests():
+    rng = np.random.default_rng(0)
+    few, many = rng.exponential(size=40), rng.exponential(size=4000)
+    lo, hi = bootstrap_interval(few, "p90")
+    assert lo < np.percentile(few, 90) < hi
+    lo_many, hi_many = bootstrap_interval(many, "p90")
+    assert hi_many - lo_many < hi - lo
+    assert bootstrap_interval(few, "mean") == bootstrap_interval(few, "mean")
+
+
+def comparison_rows(model_name, diff, inside):
     rows = []
     for metric, stat in [("ttft", "p90"), ("tpot", "mean")]:
-        rows.append({"metric": metric, "stat": stat, "diff_pct": diff, "load_fraction": 0.5, "cost_model": model_name})
-        rows.append({"metric": metric, "stat": stat, "diff_pct": 99.0, "load_fraction": 1.3, "cost_model": model_name})
+        for fraction, d in ((0.4, diff), (1.3, 99.0)):
+            measured = 100.0
+            simulated = measured * (1 + d / 100)
+            lo, hi = (min(measured, simulated) - 1, max(measured, simulated) + 1) if inside else (99.0, 101.0)
+            rows.append({"metric": metric, "stat": stat, "diff_pct": d, "load_fraction": fraction,
+                         "cost_model": model_name, "measured_ms": measured, "simulated_ms": simulated,
+                         "measured_lo_ms": lo, "measured_hi_ms": hi})
     return rows
 
 
-def test_headline_judges_both_models_below_85_percent_load_and_corrects_step_errors():
-    comparison = pd.DataFrame(comparison_rows("as_fitted", -20.0) + comparison_rows("drift_corrected", -4.0))
-    steps = pd.DataFrame({"error_pct": [-20.0, -10.0]})
-    out = headline(comparison, steps, {"goal_pct": 10}, drift=1.25)
-    assert out["as_fitted"] == {"worst_abs_ttft_p90_diff_pct": 20.0, "worst_abs_tpot_mean_diff_pct": 20.0, "met": False}
-    assert out["drift_corrected"]["met"] and out["drift_corrected"]["worst_abs_ttft_p90_diff_pct"] == 4.0
-    assert out["met"] is False
-    # a step predicted 20% fast on a machine running 1.25x slow is exact once corrected
-    assert out["step_bias_drift_corrected_pct"] == pytest.approx(np.median([0.0, 12.5]))
+def test_agreement_is_inside_the_interval_or_within_the_goal():
+    rows = pd.DataFrame(comparison_rows("as_fitted", -20.0, inside=True) + comparison_rows("x", -20.0, inside=False)
+                        + comparison_rows("y", -8.0, inside=False))
+    judged = rows[rows.load_fraction < 1]
+    assert list(agreement(judged, 10.0)) == [True, True, False, False, True, True]
+
+
+def test_headline_judges_loads_up_to_085_and_the_step_table():
+    comparison = pd.DataFrame(comparison_rows("as_fitted", -20.0, inside=False)
+                              + comparison_rows("drift_corrected", -4.0, inside=False))
+    steps = pd.DataFrame({"batch": [1] * 25 + [2] * 5, "n_prefill_calls": 0, "duration_s": 0.1,
+                          "predicted_s": 0.09, "corrected_s": 0.1, "error_pct": -10.0, "corrected_error_pct": 0.0})
+    steps.loc[25:, "corrected_error_pct"] = 50.0
+    by_batch = steps_by_batch(steps)
+    assert list(by_batch.batch) == [1, 2] and list(by_batch.judged) == [True, False]
+    out = headline(comparison, by_batch, {"goal_pct": 10})
+    assert not out["as_fitted"]["met"] and out["as_fitted"]["worst_abs_ttft_p90_diff_pct"] == 20.0
+    assert out["drift_corrected"]["met"] and out["drift_corrected"]["judged"] == 2
+    assert out["met"] and out["steps"]["met"] and out["steps"]["judged_batches"] == [1]

@@ -1,42 +1,42 @@
 """Fit the step-time cost model (servingplan.costmodel) to a profile and say how well it predicts.
 
-    fit_profile(points, meta, holdout_fraction, mape_goal, seed) -> Fit
+    fit_profile(points, samples, meta, holdout_fraction, mape_goal, seed) -> Fit
     Fit.write(cost_model_json, report_json, predictions_csv)      atomic writes
-    run_fit(points_csv, meta_json, fit_cfg, seed, cost_model_json, report_json, predictions_csv) -> Fit
+    run_fit(points_csv, samples_csv, meta_json, fit_cfg, seed, cost_model_json, report_json, predictions_csv)
 
-`points` and `meta` are what servingplan.profiling.measure writes; `fit_cfg` is config.yaml's `fit`.
+`points`, `samples` and `meta` are what servingplan.profiling.measure writes (every grid point measured
+in several rounds, each call normalised to the run's typical speed); `fit_cfg` is config.yaml's `fit`.
 
 Forms, each fitted by non-negative least squares on relative error (rows weighted by 1/median):
     prefill  t(L, P) = p0 + p1 L + p2 L^2 + p3 L P     on kinds prefill and prefill_cached
-    decode   t(B, T) = a + b B + c B T                 on kind decode with B >= DECODE_FIT_MIN_BATCH,
-                                                       T the per-sequence context
-The engine pads a decode batch to its longest sequence, so the decode call reads B * max context KV
-tokens: the cost model is written with ctx_mode "padded_max" (on the profile grid every sequence has
-the same context, so the fit is the same for either mode).
+    decode   t(B, T) = f(B) + c B T                    on kind decode, T the longest context
+f(B) is the line a + b B, or for the batches where it earns its place a per-batch value. The engine
+pads a decode batch to its longest sequence, so the decode call reads B * max context KV tokens: the
+cost model is written with ctx_mode "padded_max".
 
-The line a + b B does not hold at small batches (see DECODE_FIT_MIN_BATCH), so the cost model also
-carries a per-batch table f(B) for every profiled decode batch, batch 1 included, fitted the same way
-with one intercept per batch and a shared c:
-    decode   t(B, T) = f(B) + c B T                    on kind decode, every batch
-The table replaces a + b B in the cost model and its c replaces the line's: a line that misses the
-bumps of f(B) biases its own c, since B T grows with B, while the table fit learns c only from how
-each batch's time grows with its context. a and b stay in the cost model, b continuing the table
-beyond its largest batch.
+A fit that does not learn noise. Every grid point was measured in R rounds spread over the profile, so
+the fit can be scored on rounds it has not seen: fitted on the median of R - 1 rounds, it predicts the
+held-out round, for each round in turn (cross-validation across rounds). A form's extra freedom stays
+only where it predicts held-out rounds better than the simpler form does:
+- per batch B, a table value f(B) is kept only if the table form (a value per batch, shared c)
+  predicts the held-out rounds at B with a smaller mean absolute error than the line (a + b B + c B T
+  fitted from DECODE_FIT_MIN_BATCH up); a bump that is not there in every round is noise and goes;
+- the prefill terms p2 and p3 are kept only if dropping them makes the held-out rounds' error larger.
+The shipped decode part is then fitted jointly: a value per kept batch, one line for the other batches,
+one c. The cost model carries the table for every profiled batch (the line's value where no table
+value was kept), and the line-only fit's a and b, b continuing the table beyond its largest batch.
 
-The shipped coefficients and table come from all fitted points. The held-out MAPE comes from a second
-fit (coefficients and table) on the training split only (a seeded share `holdout_fraction` of each
-kind held out), evaluated on the held-out points only, which estimates the error of the shipped fit on
-shapes it has not seen. The report gives it with and without the table (the line alone).
+Held-out error (the figure judged against the goal) comes from a second fit, with the same selected
+form, on a seeded share `holdout_fraction` of each kind's grid points left out, evaluated on those
+points only: the error of the shipped fit on shapes it has not seen. The report also gives the error
+across rounds (how well the fit predicts one round's measurements: the machine's noise floor).
 
-Points measured while other processes competed for the cores (cpu_share < CONTENDED_CPU_SHARE) are
-left out of the fit and its scores, unless that would drop more than half the points of their kind;
-the report lists them. Batched prefill points are not fitted either (the engine prefills one sequence
-per call); they are predicted as `batch` separate prefill calls to show what batching would save.
+Batched prefill points are not fitted (the engine prefills one sequence per call); they are predicted
+as `batch` separate prefill calls to show what batching would save.
 
 predictions CSV, one row per grid point: point_id, kind, batch, prompt_len, cached, measured_s,
-predicted_s, error_pct (shipped fit, with the table), in_holdout, validation_predicted_s,
-validation_error_pct (training-split fit, with its table), used_in_fit (in the line or the table),
-cpu_share.
+predicted_s, error_pct (shipped fit), in_holdout, validation_predicted_s, validation_error_pct
+(training-split fit), used_in_fit, spread_pct (the point's spread across rounds).
 """
 from __future__ import annotations
 
@@ -47,19 +47,20 @@ import pandas as pd
 
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_csv, write_json
-from servingplan.profiling.machine import CONTENDED_CPU_SHARE
 
 PREFILL_KINDS = ("prefill", "prefill_cached")
 DECODE_KINDS = ("decode",)
 CTX_MODE = "padded_max"
 # PyTorch on CPU runs a batch-1 decode through matrix-vector kernels and switches to small
-# matrix-matrix kernels from batch 2, which are slower per step (on the profiling machine the LM head
-# alone takes 10 ms at batch 1 and 20-34 ms at batches 2-4), so no line a + b*B holds both. The
-# decode line is fitted from this batch up, where it only has to carry c and the slope beyond the
-# per-batch table; the report says how far smaller batches sit below it.
+# matrix-matrix kernels from batch 2, so no line a + b*B holds both; the line is fitted from this
+# batch up, and batch 1 earns a table value when the held-out rounds say so.
 DECODE_FIT_MIN_BATCH = 2
+# An extra degree of freedom must lower the held-out rounds' mean relative error by more than this to
+# stay: below it the two forms predict alike (on exact data they differ by rounding alone).
+SELECTION_MARGIN = 1e-6
 
 PREFILL_TERMS = ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_token_sq_s", "prefill_per_token_ctx_s")
+OPTIONAL_PREFILL_TERMS = ("prefill_per_token_sq_s", "prefill_per_token_ctx_s")
 DECODE_TERMS = ("decode_fixed_s", "decode_per_seq_s", "decode_per_ctx_token_s")
 UNITS = {
     "prefill_fixed_s": "s per prefill call",
@@ -82,10 +83,6 @@ def decode_features(points: pd.DataFrame) -> np.ndarray:
     batch = points["batch"].to_numpy(float)
     context = points["cached"].to_numpy(float)
     return np.column_stack([np.ones_like(batch), batch, batch * context])
-
-
-PARTS = {"prefill": (PREFILL_KINDS, PREFILL_TERMS, prefill_features),
-         "decode": (DECODE_KINDS, DECODE_TERMS, decode_features)}
 
 
 def nonnegative_lstsq(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -139,27 +136,6 @@ def holdout_mask(points: pd.DataFrame, fraction: float, seed: int) -> np.ndarray
     return mask
 
 
-def contended_mask(points: pd.DataFrame) -> np.ndarray:
-    if "cpu_share" not in points:
-        return np.zeros(len(points), dtype=bool)
-    return points["cpu_share"].to_numpy() < CONTENDED_CPU_SHARE
-
-
-def kept_mask(points: pd.DataFrame, contended: np.ndarray) -> np.ndarray:
-    """Points left to fit on: the uncontended ones, except that a kind with fewer than half of its
-    points clean keeps them all, since dropping them would leave its terms fitted on too few shapes."""
-    clean = ~contended
-    for kind in points["kind"].unique():
-        rows = (points["kind"] == kind).to_numpy()
-        if 2 * clean[rows].sum() < rows.sum():
-            clean[rows] = True
-    return clean
-
-
-def mean_ratio(measured: np.ndarray, predicted: np.ndarray, rows: np.ndarray) -> float | None:
-    return float(np.mean(measured[rows] / predicted[rows])) if rows.any() else None
-
-
 def r_squared(measured: np.ndarray, predicted: np.ndarray) -> float:
     residual = np.sum((measured - predicted) ** 2)
     total = np.sum((measured - measured.mean()) ** 2)
@@ -170,54 +146,117 @@ def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - measured) / measured)) if len(measured) else float("nan")
 
 
-def fit_terms(points: pd.DataFrame, train: np.ndarray) -> dict:
-    """Coefficients of both parts, fitted on the rows of `points` where `train` is True."""
-    coefficients = {}
-    for kinds, terms, features in PARTS.values():
-        rows = points["kind"].isin(kinds).to_numpy() & train
-        values = fit_relative(features(points[rows]), points.loc[rows, "median_s"].to_numpy(float))
-        coefficients.update(zip(terms, (float(v) for v in values)))
-    return coefficients
+@dataclass(frozen=True)
+class Form:
+    """What a fit may use: the prefill terms, and the decode batches that get a value of their own."""
+    prefill_terms: tuple = PREFILL_TERMS
+    table_batches: tuple = ()
 
 
-def fit_decode_table(points: pd.DataFrame, train: np.ndarray) -> tuple[tuple, float]:
-    """((batch, f(B)), ...) for every decode batch with training points, and c: t = f(B) + c B T
-    fitted on relative error like the other forms."""
-    decode = points[points["kind"].isin(DECODE_KINDS).to_numpy() & train]
-    if decode.empty:
-        return (), 0.0
-    batch = decode["batch"].to_numpy()
-    batches = np.unique(batch)
-    features = np.column_stack([batch == b for b in batches] + [batch * decode["cached"].to_numpy(float)])
-    values = fit_relative(features.astype(float), decode["median_s"].to_numpy(float))
-    return tuple((int(b), float(v)) for b, v in zip(batches, values[:-1])), float(values[-1])
+def fit_prefill(points: pd.DataFrame, target: np.ndarray, terms: tuple) -> dict:
+    columns = [PREFILL_TERMS.index(term) for term in terms]
+    values = fit_relative(prefill_features(points)[:, columns], target)
+    return {term: float(dict(zip(terms, values)).get(term, 0.0)) for term in PREFILL_TERMS}
 
 
-def with_decode_table(line: dict, points: pd.DataFrame, train: np.ndarray) -> tuple[dict, tuple]:
-    """The line's coefficients with c taken from the table fit, and the table."""
-    table, per_ctx_token_s = fit_decode_table(points, train)
-    if not table:
-        return line, table
-    return {**line, "decode_per_ctx_token_s": per_ctx_token_s}, table
+def fit_decode_line(points: pd.DataFrame, target: np.ndarray) -> dict:
+    rows = (points["batch"] >= DECODE_FIT_MIN_BATCH).to_numpy()
+    if not rows.any():
+        rows[:] = True
+    values = fit_relative(decode_features(points[rows]), target[rows])
+    return dict(zip(DECODE_TERMS, (float(v) for v in values)))
+
+
+def fit_decode_joint(points: pd.DataFrame, target: np.ndarray, table_batches: tuple) -> tuple[tuple, float]:
+    """((batch, f(B)) for every batch in `points`, c): a value per table batch, one line a + b B for
+    the other batches, one c, fitted together."""
+    batch = points["batch"].to_numpy()
+    own = [b for b in table_batches if (batch == b).any()]
+    on_line = ~np.isin(batch, own)
+    columns = [batch == b for b in own]
+    if on_line.any():
+        columns += [on_line, on_line * batch]
+    columns.append(batch * points["cached"].to_numpy(float))
+    values = fit_relative(np.column_stack(columns).astype(float), target)
+    own_values = dict(zip(own, values))
+    line_fixed, line_slope = (values[len(own)], values[len(own) + 1]) if on_line.any() else (0.0, 0.0)
+    table = tuple((int(b), float(own_values.get(b, line_fixed + line_slope * b))) for b in np.unique(batch))
+    return table, float(values[-1])
+
+
+def fit_model(points: pd.DataFrame, target: np.ndarray, form: Form) -> tuple[dict, tuple]:
+    """Coefficients and decode table of `form` fitted to `target` (seconds per row of `points`, which
+    holds prefill and decode kinds only)."""
+    prefill = points["kind"].isin(PREFILL_KINDS).to_numpy()
+    decode = points["kind"].isin(DECODE_KINDS).to_numpy()
+    coefficients = fit_prefill(points[prefill], target[prefill], form.prefill_terms)
+    line = fit_decode_line(points[decode], target[decode])
+    coefficients.update(line)
+    if not form.table_batches:
+        return coefficients, ()
+    table, per_ctx_token_s = fit_decode_joint(points[decode], target[decode], form.table_batches)
+    return {**coefficients, "decode_per_ctx_token_s": per_ctx_token_s}, table
 
 
 def predict(points: pd.DataFrame, coefficients: dict, decode_table: tuple = ()) -> np.ndarray:
-    """Seconds the cost model gives each point (a batched prefill as `batch` single calls); decode
-    points take f(B) from `decode_table` when it is not empty."""
+    """Seconds the cost model gives each point (a batched prefill as `batch` single calls)."""
+    model = CostModel(**coefficients, decode_batch_fixed_s=decode_table, ctx_mode=CTX_MODE)
     predicted = np.full(len(points), np.nan)
-    for part, (kinds, terms, features) in PARTS.items():
-        rows = points["kind"].isin(kinds).to_numpy()
-        predicted[rows] = features(points[rows]) @ np.array([coefficients[t] for t in terms])
-    if decode_table:
-        model = CostModel(**coefficients, decode_batch_fixed_s=decode_table)
-        rows = points["kind"].isin(DECODE_KINDS).to_numpy()
-        batches = points.loc[rows, "batch"].to_numpy()
-        line = coefficients["decode_fixed_s"] + coefficients["decode_per_seq_s"] * batches
-        predicted[rows] += np.array([model.decode_batch_time(int(b)) for b in batches]) - line
-    batched = (points["kind"] == "prefill_batch").to_numpy()
-    single = prefill_features(points[batched]) @ np.array([coefficients[t] for t in PREFILL_TERMS])
-    predicted[batched] = single * points.loc[batched, "batch"].to_numpy(float)
+    for row, point in enumerate(points.itertuples()):
+        if point.kind in DECODE_KINDS:
+            predicted[row] = model.decode_time(point.batch, 0.0, point.cached)
+        elif point.kind in PREFILL_KINDS:
+            predicted[row] = model.prefill_time(point.prompt_len, point.cached)
+        elif point.kind == "prefill_batch":
+            predicted[row] = point.batch * model.prefill_time(point.prompt_len)
     return predicted
+
+
+def per_round_medians(points: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """[point, round] median of each round's normalised calls, rows in the order of `points`."""
+    table = samples.groupby(["point_id", "round"])["normalized_s"].median().unstack("round")
+    return table.loc[points["point_id"].to_numpy()].reset_index(drop=True)
+
+
+def round_errors(points: pd.DataFrame, rounds: pd.DataFrame, form: Form) -> np.ndarray:
+    """Per point, the mean absolute relative error of predicting each round from a fit on the median
+    of the other rounds."""
+    errors = []
+    for held in rounds.columns:
+        target = rounds.drop(columns=held).median(axis=1).to_numpy(float)
+        predicted = predict(points, *fit_model(points, target, form))
+        measured = rounds[held].to_numpy(float)
+        errors.append(np.abs(predicted - measured) / measured)
+    return np.mean(errors, axis=0)
+
+
+def select_form(points: pd.DataFrame, rounds: pd.DataFrame) -> tuple[Form, dict]:
+    """The form whose every extra degree of freedom predicts held-out rounds better than going
+    without it (see the module docstring), and the scores behind each decision."""
+    decode = points["kind"].isin(DECODE_KINDS).to_numpy()
+    batches = tuple(int(b) for b in sorted(points.loc[decode, "batch"].unique()))
+    line_error = round_errors(points, rounds, Form())
+    table_error = round_errors(points, rounds, Form(table_batches=batches))
+    batch_scores, kept = {}, []
+    for batch in batches:
+        rows = decode & (points["batch"] == batch).to_numpy()
+        line, table = float(line_error[rows].mean()), float(table_error[rows].mean())
+        keep = table < line - SELECTION_MARGIN
+        batch_scores[batch] = {"line_round_mape": line, "table_round_mape": table, "kept": keep}
+        if keep:
+            kept.append(batch)
+    form = Form(table_batches=tuple(kept))
+    prefill = points["kind"].isin(PREFILL_KINDS).to_numpy()
+    term_scores = {}
+    for term in OPTIONAL_PREFILL_TERMS:
+        with_term = float(round_errors(points, rounds, form)[prefill].mean())
+        without = Form(tuple(t for t in form.prefill_terms if t != term), form.table_batches)
+        without_term = float(round_errors(points, rounds, without)[prefill].mean())
+        keep = with_term < without_term - SELECTION_MARGIN
+        term_scores[term] = {"with_round_mape": with_term, "without_round_mape": without_term, "kept": keep}
+        if not keep:
+            form = without
+    return form, {"decode_table": batch_scores, "prefill_terms": term_scores}
 
 
 def physical_readings(coefficients: dict, meta: dict) -> dict:
@@ -275,83 +314,92 @@ class Fit:
         write_csv(predictions_csv, self.predictions)
 
 
-def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_goal: float, seed: int) -> Fit:
+def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout_fraction: float,
+                mape_goal: float, seed: int) -> Fit:
     points = points.sort_values("point_id", ignore_index=True)
-    fitted_kinds = PREFILL_KINDS + DECODE_KINDS
-    below_min_batch = (points["kind"].isin(DECODE_KINDS) & (points["batch"] < DECODE_FIT_MIN_BATCH)).to_numpy()
-    fitted = points["kind"].isin(fitted_kinds).to_numpy()
-    contended = contended_mask(points)
-    small_clean = below_min_batch & ~contended
-    used = fitted & kept_mask(points, contended)
-    held = holdout_mask(points[used], holdout_fraction, seed)
-    in_holdout = np.zeros(len(points), dtype=bool)
-    in_holdout[np.flatnonzero(used)[held]] = True
-    trained = used & ~in_holdout
+    fitted = points["kind"].isin(PREFILL_KINDS + DECODE_KINDS).to_numpy()
+    train_points = points[fitted].reset_index(drop=True)
+    rounds = per_round_medians(train_points, samples)
+    form, selection = select_form(train_points, rounds)
 
-    shipped_line = fit_terms(points, used & ~below_min_batch)
-    validation_line = fit_terms(points, trained & ~below_min_batch)
-    shipped, shipped_table = with_decode_table(shipped_line, points, used)
-    validation, validation_table = with_decode_table(validation_line, points, trained)
+    held = holdout_mask(train_points, holdout_fraction, seed)
+    in_holdout = np.zeros(len(points), dtype=bool)
+    in_holdout[np.flatnonzero(fitted)[held]] = True
+    target = train_points["median_s"].to_numpy(float)
+    shipped, shipped_table = fit_model(train_points, target, form)
+    line_only, _ = fit_model(train_points, target, Form(form.prefill_terms))
+    validation, validation_table = fit_model(train_points[~held], target[~held], form)
+    validation_line, _ = fit_model(train_points[~held], target[~held], Form(form.prefill_terms))
+
     measured = points["median_s"].to_numpy(float)
     predicted = predict(points, shipped, shipped_table)
     validation_predicted = predict(points, validation, validation_table)
-    line_predicted = predict(points, shipped_line)
     validation_line_predicted = predict(points, validation_line)
+    line_predicted = predict(points, line_only)
     error = (predicted - measured) / measured
     validation_error = (validation_predicted - measured) / measured
+    round_error = np.full(len(points), np.nan)
+    round_error[fitted] = round_errors(train_points, rounds, form)
 
     predictions = pd.DataFrame({
         "point_id": points["point_id"], "kind": points["kind"], "batch": points["batch"],
         "prompt_len": points["prompt_len"], "cached": points["cached"], "measured_s": measured,
         "predicted_s": predicted, "error_pct": error * 100, "in_holdout": in_holdout,
         "validation_predicted_s": validation_predicted, "validation_error_pct": validation_error * 100,
-        "used_in_fit": used, "cpu_share": points["cpu_share"] if "cpu_share" in points else np.nan,
+        "used_in_fit": fitted, "spread_pct": points["spread_pct"],
     })
     parts = {}
-    for part, (kinds, terms, _) in PARTS.items():
-        rows = points["kind"].isin(kinds).to_numpy() & used
+    for part, kinds in (("prefill", PREFILL_KINDS), ("decode", DECODE_KINDS)):
+        rows = points["kind"].isin(kinds).to_numpy()
         parts[part] = {
             "n_points": int(rows.sum()), "n_holdout": int((rows & in_holdout).sum()),
             "r2": r_squared(measured[rows], predicted[rows]),
             "mape": mape(measured[rows], predicted[rows]),
             "heldout_mape": mape(measured[rows & in_holdout], validation_predicted[rows & in_holdout]),
+            "round_mape": float(np.mean(round_error[rows])),
             "max_abs_error_pct": float(np.abs(error[rows]).max() * 100),
+            "median_spread_pct": float(points.loc[rows, "spread_pct"].median()),
         }
     heldout_mape = mape(measured[in_holdout], validation_predicted[in_holdout])
-    decode_used = points["kind"].isin(DECODE_KINDS).to_numpy() & used
-    decode_held = decode_used & in_holdout
-    line_error = (line_predicted - measured) / measured
-    decode_batches = points.loc[decode_used, "batch"].to_numpy()
+    decode = points["kind"].isin(DECODE_KINDS).to_numpy()
+    decode_held = decode & in_holdout
+    decode_batches = points.loc[decode, "batch"].to_numpy()
 
     def by_batch(errors: np.ndarray) -> dict:
-        means = pd.Series(errors[decode_used], index=decode_batches).groupby(level=0).mean()
+        means = pd.Series(errors[decode], index=decode_batches).groupby(level=0).mean()
         return {int(batch): float(value) * 100 for batch, value in means.items()}
 
     decode_table_report = {
-        "line_per_ctx_token_s": shipped_line["decode_per_ctx_token_s"],
+        "kept_batches": list(form.table_batches),
         "batches": [batch for batch, _ in shipped_table],
         "fixed_s": [seconds for _, seconds in shipped_table],
-        "line_fixed_s": [shipped["decode_fixed_s"] + shipped["decode_per_seq_s"] * batch
+        "line_fixed_s": [line_only["decode_fixed_s"] + line_only["decode_per_seq_s"] * batch
                          for batch, _ in shipped_table],
-        "heldout_mape": {"with_table": mape(measured[decode_held], validation_predicted[decode_held]),
+        "line_per_ctx_token_s": line_only["decode_per_ctx_token_s"],
+        "heldout_mape": {"shipped": mape(measured[decode_held], validation_predicted[decode_held]),
                          "line_only": mape(measured[decode_held], validation_line_predicted[decode_held])},
-        "mean_signed_error_pct_by_batch": {"with_table": by_batch(error), "line_only": by_batch(line_error)},
+        "mean_signed_error_pct_by_batch": {"shipped": by_batch(error),
+                                           "line_only": by_batch((line_predicted - measured) / measured)},
     }
     batched = (points["kind"] == "prefill_batch").to_numpy()
     fingerprint = meta["machine"]["fingerprint"]
+    speed = meta.get("speed", {})
     summary = {"r2": {p: parts[p]["r2"] for p in parts}, "heldout_mape": heldout_mape,
                "heldout_mape_line_only": mape(measured[in_holdout], validation_line_predicted[in_holdout]),
-               "mape_goal": mape_goal, "goal_met": bool(heldout_mape < mape_goal)}
+               "round_mape": float(np.nanmean(round_error)), "mape_goal": mape_goal,
+               "goal_met": bool(heldout_mape <= mape_goal)}
     cost_model = CostModel(
         **shipped, decode_batch_fixed_s=shipped_table, ctx_mode=CTX_MODE, name=f"measured-{fingerprint}",
         source=(f"profile of GPT-2 ({meta['model']['source']}, {meta['model']['param_count']} params) on "
                 f"{meta['machine']['cpu_model']} with {meta['machine']['threads']} threads"),
         meta={"machine_fingerprint": fingerprint, "profile_wall_time_s": meta["wall_time_s"],
-              "tiny_model": meta["settings"]["tiny"], **summary},
+              "tiny_model": meta["settings"]["tiny"], "speed_band": speed_band(speed), **summary},
     )
     report = {
         **summary,
         "coefficients": {term: {"value": value, "unit": UNITS[term]} for term, value in shipped.items()},
+        "form": {"prefill_terms": list(form.prefill_terms), "table_batches": list(form.table_batches)},
+        "selection": selection,
         "validation_coefficients": validation,
         "validation_decode_table": {"batches": [batch for batch, _ in validation_table],
                                     "fixed_s": [seconds for _, seconds in validation_table]},
@@ -359,27 +407,29 @@ def fit_profile(points: pd.DataFrame, meta: dict, holdout_fraction: float, mape_
         "ctx_mode": CTX_MODE,
         "parts": parts,
         "physical": physical_readings(shipped, meta),
-        "decode_below_min_batch": {"fit_min_batch": DECODE_FIT_MIN_BATCH,
-                                   "measured_over_line": mean_ratio(measured, line_predicted, small_clean)},
-        "residual_structure": residual_structure(points[used], error[used], mape_goal),
-        "contention": {
-            "min_cpu_share": CONTENDED_CPU_SHARE,
-            "excluded_point_ids": points.loc[fitted & ~used, "point_id"].tolist(),
-            "kept_contended_point_ids": points.loc[used & contended, "point_id"].tolist(),
-        },
+        "residual_structure": residual_structure(points[fitted], error[fitted], mape_goal),
         "batched_prefill": [
             {"batch": int(row.batch), "prompt_len": int(row.prompt_len), "measured_s": row.median_s,
              "separate_calls_s": separate, "batched_over_separate": row.median_s / separate}
             for row, separate in zip(points[batched].itertuples(), predicted[batched])],
         "holdout": {"fraction": holdout_fraction, "seed": seed,
                     "point_ids": points.loc[in_holdout, "point_id"].tolist()},
+        "speed_band": speed_band(speed),
         "machine": meta["machine"], "roofline": meta["roofline"], "memory": meta["memory"],
     }
     return Fit(cost_model, report, predictions)
 
 
-def run_fit(points_csv, meta_json, fit_cfg: dict, seed: int, cost_model_json, report_json, predictions_csv) -> Fit:
-    fit = fit_profile(pd.read_csv(points_csv), read_json(meta_json), fit_cfg["holdout_fraction"],
-                      fit_cfg["mape_goal"], seed)
+def speed_band(speed: dict) -> dict:
+    """The slowest and fastest relative speed each reference showed during the profile: the cost
+    model's terms scaled by these bound what the machine did while it was measured."""
+    return {kind: [values["relative_min"], values["relative_max"]]
+            for kind, values in speed.get("by_kind", {}).items()}
+
+
+def run_fit(points_csv, samples_csv, meta_json, fit_cfg: dict, seed: int, cost_model_json, report_json,
+            predictions_csv) -> Fit:
+    fit = fit_profile(pd.read_csv(points_csv), pd.read_csv(samples_csv), read_json(meta_json),
+                      fit_cfg["holdout_fraction"], fit_cfg["mape_goal"], seed)
     fit.write(cost_model_json, report_json, predictions_csv)
     return fit

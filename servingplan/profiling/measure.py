@@ -1,57 +1,58 @@
-"""Measure how long GPT-2's two serving calls take on this machine, over a grid of shapes.
+"""Measure how long GPT-2's serving calls take on this machine, over a grid of shapes, in rounds
+spread over the whole run, against a speed trace of the machine taken alongside.
 
-The serving engine and this profiler run the very same calls, so the cost model fitted on these
-numbers describes what the engine does:
-
-    prefill_call(model, input_ids, cache=None)            one prompt (or chunk), logits of its last token
-    decode_call(model, input_ids, cache, attention_mask, position_ids)
-                                                          one new token for each of B padded sequences
-    random_kv_cache(config, batch, context, generator)    a DynamicCache as B prefills of `context` tokens leave it
-    configure_allocator()                                 process-wide malloc setting both must run under
-
-Profiling:
+The profiled calls are the engine's own step functions on the engine's own KV layout
+(servingplan.serving.kvpool): a profiled point and an engine step of the same shape run the same code.
 
     run_profile(profile_cfg, model_cfg, seed, quick=False, threads=None, progress=True) -> Profile
     Profile.write(points_csv, samples_csv, meta_json)      atomic writes
+    point_call(model, pool, point, generator)             the timed call of one grid point
+    time_call(call, warmup, repeats)                      seconds and CPU share of each timed call
 
-run_profile calls configure_allocator() first: the engine must too (see its docstring).
-`profile_cfg` and `model_cfg` are the `profile` and `model` sections of config.yaml. `quick` swaps in
-a 2-layer random model (QUICK_CONFIG_OVERRIDES) and a tiny grid (QUICK_PROFILE) that run in seconds;
-model_cfg["tiny"] (config/quick.yaml) swaps in the 2-layer model alone and keeps profile_cfg's grid.
+run_profile calls configure_allocator() first: the engine does too. `profile_cfg` and `model_cfg` are
+the `profile` and `model` sections of config.yaml. `quick` swaps in a 2-layer random model
+(QUICK_CONFIG_OVERRIDES) and a tiny grid (QUICK_PROFILE) that run in seconds; model_cfg["tiny"]
+(config/quick.yaml) swaps in the 2-layer model alone and keeps profile_cfg's grid.
+
 Grid points, in kinds:
 
-    prefill         batch 1, prompt_len in profile.prefill_lengths, nothing cached
+    prefill         batch 1, prompt_len in profile.prefill_lengths, nothing cached: prefill_step into a slot
     prefill_batch   batch in profile.prefill_batches, prompt_len BATCHED_PREFILL_LEN (informative only:
                     the engine prefills one sequence per call)
-    prefill_cached  batch 1, a chunk of prompt_len tokens after `cached` tokens of the same prompt
-                    (profile_cfg["cached_prefill"] if given, else CACHED_PREFILL_POINTS)
-    decode          batch in profile.decode_batches, one token each, cached in profile.decode_contexts
+    prefill_cached  batch 1, a chunk of prompt_len tokens after `cached` tokens of the same prompt in
+                    the slot (profile_cfg["cached_prefill"] if given, else CACHED_PREFILL_POINTS)
+    decode          batch in profile.decode_batches, one token each, the longest sequence holding
+                    `cached` tokens and the others fewer (decode_lengths), padded and masked as the
+                    engine's ragged batches are
+
+Rounds and the speed trace. This machine's speed moves by tens of percent within minutes, both ways.
+The grid is measured in `rounds` passes, each in its own shuffled order, so every point is measured
+at several times spread over the run. Every `reference_interval_s` the run re-times two fixed
+reference shapes (one decode, one prefill), which gives the machine's speed over time. A call's
+normalised time is its time divided by the reference's relative speed at that moment (the reference
+trace interpolated, over its median): what the call would have taken at the run's typical speed.
+A point's time is the median over rounds of its per-round medians of normalised calls: a typical time
+under the conditions the engine runs in, not a best case. The spread of those per-round medians is the
+point's uncertainty; the raw (not normalised) spread is kept beside it to show what normalising buys.
 
 points CSV, one row per grid point:
-    point_id, kind, batch, prompt_len (new tokens per sequence), cached (tokens per sequence already
-    in the KV cache), median_s, p10_s, p90_s, mean_s, min_s, n_repeats, flops, bytes (weights + KV read), floor_mem_s (bytes / probed bandwidth),
-    floor_compute_s (flops / probed GEMM rate), floor_s (the larger), bound, efficiency (floor_s/median_s),
-    cpu_share (median over its calls of the CPU time the process got over threads x wall time: well
-    below 1 means other load competed for the cores and the point is slower than the machine alone),
-    attempts, kept_attempt (see "Visits" below)
-samples CSV, one row per timed call: point_id, kind, batch, prompt_len, cached, attempt, kept (its
-    attempt is the one the point's statistics come from), repeat, seconds, cpu_share
-meta JSON: machine, roofline probes (run before and after the grid, the faster kept), model, memory
-    (param bytes, KV bytes per token measured and expected, peak RSS), the settings used, load
-    averages, cpu_share summary, and wall_time_s of the whole profile.
-
-Visits. The grid is measured in VISITS passes, each in a shuffled order and with its share of the
-point budget, and a point measured while other processes competed for the cores
-(cpu_share < machine.CONTENDED_CPU_SHARE) gets one more attempt after them. A point's statistics come
-from its fastest uncontended attempt (the least contended if none is): a disturbance on this shared
-machine only ever slows a call down, and two visits minutes apart rarely both meet one. On a quiet
-machine two visits' medians differ by a few percent; a single visit left decode points ~10% apart
-between runs.
+    point_id, kind, batch, prompt_len (new tokens per sequence), cached (tokens of the longest sequence
+    already in the KV cache), median_s (see above), round_min_s, round_max_s, spread_pct (100 x
+    (max - min) / median of the per-round medians), raw_median_s, raw_spread_pct (the same without
+    normalising), p10_s, p90_s, mean_s, min_s (over every normalised call), n_repeats (timed calls),
+    n_rounds, flops, bytes (weights + KV read), floor_mem_s (bytes / probed bandwidth), floor_compute_s
+    (flops / probed GEMM rate), floor_s (the larger), bound, efficiency (floor_s / median_s), cpu_share
+    (median over its calls of the CPU time the process got over threads x wall time: well below 1 means
+    other load competed for the cores)
+samples CSV, one row per timed call: point_id, kind, batch, prompt_len, cached, round, repeat, t_s
+    (seconds since the profile started, at the call's middle), seconds, speed (the reference's relative
+    speed then), normalized_s (seconds / speed), cpu_share
+meta JSON: machine, roofline probes (at start and end, and their mean), model, memory (param bytes,
+    KV bytes per token measured and expected, peak RSS), the settings used, the speed trace and its
+    summary (`speed`), the rounds' spread before and after normalising, load averages, and wall_time_s.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import os
 import random
@@ -65,82 +66,32 @@ import pandas as pd
 import psutil
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
 
 from servingplan.io import write_csv, write_json
 from servingplan.profiling import machine
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, RANDOM_SOURCE, load_model
+from servingplan.serving.kvpool import KVPool, configure_allocator, decode_step, prefill_call, prefill_step
 
 BATCHED_PREFILL_LEN = 128
 # (chunk tokens, tokens of the same prompt already cached): enough spread in L*cached to fit p3.
 CACHED_PREFILL_POINTS = ((128, 256), (256, 256), (128, 512), (256, 512))
 KV_PROBE_TOKENS = 16
-VISITS = 2
 FLOAT32_BYTES = 4
+# A speed trace that moved more than this (max - min over median, either reference) is flagged.
+SPEED_MOVED_WARNING = 0.10
+REFERENCE_KINDS = {"prefill": "prefill", "prefill_batch": "prefill", "prefill_cached": "prefill",
+                   "decode": "decode"}
 
 QUICK_PROFILE = {
-    "warmup": 1, "min_repeats": 3, "max_repeats": 5, "point_budget_s": 0.05,
+    "warmup": 1, "rounds": 2, "repeats": 2, "reference_interval_s": 0.2,
+    "reference_decode": [2, 16], "reference_prefill": 16,
     "prefill_lengths": [8, 16, 32, 64], "prefill_batches": [1, 2],
     "decode_batches": [1, 2, 4], "decode_contexts": [8, 32], "cached_prefill": [(8, 16), (16, 16)],
     "probe_bytes": 8 * 2**20, "gemm_size": 128,
 }
 
 
-# glibc mallopt parameters (malloc.h)
-M_TRIM_THRESHOLD = -1
-M_MMAP_MAX = -4
-INT_MAX = 2**31 - 1
-
-
-def configure_allocator() -> str:
-    """Keep freed memory in the process for reuse instead of handing it back to the OS.
-
-    A DynamicCache grows by torch.cat, which allocates every layer's cache anew at each decode step.
-    Under glibc's defaults a block above 32 MiB (one layer's keys beyond ~11k batch x context tokens
-    for GPT-2 small) is mmap-ed fresh each time and all its pages faulted in and zeroed: on the 2-core
-    profiling machine decode at batch 64 x 768 tokens took 1.5 s instead of 0.54 s, and the step time
-    bent upward past that size instead of growing linearly with the KV tokens read. Serving every block
-    from the heap and never trimming it reuses the pages. It is process-wide and must be in force in
-    the engine as in the profiler, or the engine runs slower than its cost model. Returns what was set.
-    """
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return "system default (no glibc mallopt)"
-    if mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, INT_MAX):
-        return "glibc: no mmap, no trim"
-    return "system default (mallopt refused)"
-
-
-@torch.inference_mode()
-def prefill_call(model, input_ids: torch.Tensor, cache: DynamicCache | None = None):
-    """Process prompt tokens [B, L] after whatever `cache` holds; the cache grows by L (a fresh one is
-    built when None, and returned as .past_key_values). Logits only for the last position."""
-    return model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-
-
-@torch.inference_mode()
-def decode_call(model, input_ids: torch.Tensor, cache: DynamicCache, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor):
-    """One decode step: input_ids [B, 1], cache holding the B sequences padded to one length T,
-    attention_mask [B, T+1] (0 on padding), position_ids [B, 1]. The cache grows by one token."""
-    return model(input_ids=input_ids, past_key_values=cache, attention_mask=attention_mask,
-                 position_ids=position_ids, use_cache=True)
-
-
-def random_kv_cache(config, batch: int, context: int, generator: torch.Generator | None = None) -> DynamicCache:
-    """A DynamicCache of `context` tokens per sequence, shaped as `batch` prefills leave it.
-
-    The values are random because they do not change the cost; one block is copied into every layer
-    and sequence since drawing gigabytes of normals would take longer than timing the point.
-    """
-    head_dim = config.n_embd // config.n_head
-    block = torch.randn(1, config.n_head, context, head_dim, generator=generator).expand(batch, -1, -1, -1)
-    layers = [(block.contiguous(), block.contiguous()) for _ in range(config.n_layer)]
-    return DynamicCache(layers, config=config)
-
-
-def cache_bytes(cache: DynamicCache) -> int:
+def cache_bytes(cache) -> int:
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
 
@@ -162,48 +113,108 @@ def build_grid(settings: dict) -> list[GridPoint]:
     return grid
 
 
-def time_point(call, reset, warmup: int, min_repeats: int, max_repeats: int,
-               budget_s: float) -> tuple[list[float], list[float]]:
-    """Seconds of each timed `call` (`reset` restores its inputs outside the timed region), and for
-    each call the CPU time the process got over threads x wall time: other load competing for the
-    cores shows as a share well below one."""
+def reference_points(settings: dict) -> dict[str, GridPoint]:
+    """The two shapes re-timed throughout the run to trace the machine's speed."""
+    batch, context = settings["reference_decode"]
+    return {"decode": GridPoint("decode", int(batch), 1, int(context)),
+            "prefill": GridPoint("prefill", 1, int(settings["reference_prefill"]), 0)}
+
+
+def decode_lengths(batch: int, context: int) -> torch.Tensor:
+    """Per-sequence contexts of a profiled decode batch: the longest holds `context` entries and the
+    others are spread down to half of it, so the batch is padded and masked like the engine's ragged
+    batches (its cost depends on the longest: every row is padded to it)."""
+    if batch == 1:
+        return torch.tensor([context])
+    return torch.linspace(context, max(1, context // 2), batch).round().long()
+
+
+def pool_for(config, points: list[GridPoint], generator: torch.Generator) -> KVPool:
+    """One engine KV pool large enough for every point, holding random entries (their values do not
+    change the cost); built once, since filling gigabytes per point would take longer than timing it."""
+    slots = max([p.batch for p in points if p.kind == "decode"], default=1)
+    capacity = max(p.cached + p.prompt_len for p in points)
+    pool = KVPool(config, slots, capacity)
+    head_dim = config.n_embd // config.n_head
+    block = torch.randn(config.n_head, capacity, head_dim, generator=generator)
+    for tensor in (pool.keys, pool.values):
+        tensor.copy_(block.expand_as(tensor))
+    return pool
+
+
+def point_call(model, pool: KVPool, point: GridPoint, generator: torch.Generator):
+    """The timed call of one grid point; every call sees the same shapes (the step functions write
+    each call's new entries at the same positions, so nothing needs resetting)."""
+    input_ids = torch.randint(model.config.vocab_size, (point.batch, point.prompt_len), generator=generator)
+    if point.kind == "decode":
+        lengths = decode_lengths(point.batch, point.cached)
+        return lambda: decode_step(model, pool, lengths, input_ids)
+    if point.kind == "prefill_batch":
+        return lambda: prefill_call(model, input_ids)
+    return lambda: prefill_step(model, pool, 0, input_ids, point.cached)
+
+
+def time_call(call, warmup: int, repeats: int, clock_zero: float) -> list[tuple[float, float, float]]:
+    """(t_s at the call's middle since clock_zero, seconds, CPU share) of each timed call; the CPU
+    share is the CPU time the process got over threads x wall time, well below one when other load
+    competed for the cores."""
     for _ in range(warmup):
         call()
-        reset()
     threads = torch.get_num_threads()
-    samples, cpu_shares = [], []
-    started = time.perf_counter()
-    while len(samples) < min_repeats or (len(samples) < max_repeats
-                                         and time.perf_counter() - started < budget_s):
+    timed = []
+    for _ in range(repeats):
         cpu_start = time.process_time()
         start = time.perf_counter()
         call()
         elapsed = time.perf_counter() - start
-        cpu_shares.append((time.process_time() - cpu_start) / (elapsed * threads))
-        samples.append(elapsed)
-        reset()
-    return samples, cpu_shares
+        timed.append((start + elapsed / 2 - clock_zero, elapsed,
+                      (time.process_time() - cpu_start) / (elapsed * threads)))
+    return timed
 
 
-def point_runner(model, point: GridPoint, generator: torch.Generator):
-    """(call, reset) for one grid point; each call sees the same input shapes and cache length."""
-    config = model.config
-    input_ids = torch.randint(config.vocab_size, (point.batch, point.prompt_len), generator=generator)
-    if point.kind == "decode":
-        cache = random_kv_cache(config, point.batch, point.cached, generator)
-        attention_mask = torch.ones(point.batch, point.cached + 1, dtype=torch.long)
-        position_ids = torch.full((point.batch, 1), point.cached, dtype=torch.long)
-        # transformers 5.23 DynamicCache.crop takes minus the number of tokens to drop.
-        return (lambda: decode_call(model, input_ids, cache, attention_mask, position_ids),
-                lambda: cache.crop(-1))
-    if point.cached:
-        cache = random_kv_cache(config, point.batch, point.cached, generator)
-        return lambda: prefill_call(model, input_ids, cache), lambda: cache.crop(-point.prompt_len)
-    return lambda: prefill_call(model, input_ids), lambda: None
+def relative_speed(trace: pd.DataFrame, kind: str, times) -> np.ndarray:
+    """The reference's time at `times` (interpolated along the trace, held at its ends) over the
+    reference's median time in the run: 1.2 means calls then took 20% longer than typical."""
+    rows = trace[trace["kind"] == kind].sort_values("t_s")
+    if rows.empty:
+        return np.ones(len(np.atleast_1d(times)))
+    seconds = rows["seconds"].to_numpy(float)
+    return np.interp(np.asarray(times, float), rows["t_s"].to_numpy(float), seconds) / np.median(seconds)
+
+
+def normalise(samples: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
+    """samples with `speed` and `normalized_s` (seconds over the speed of its reference kind then)."""
+    speed = np.ones(len(samples))
+    for kind, reference in REFERENCE_KINDS.items():
+        rows = (samples["kind"] == kind).to_numpy()
+        if rows.any():
+            speed[rows] = relative_speed(trace, reference, samples.loc[rows, "t_s"])
+    return samples.assign(speed=speed, normalized_s=samples["seconds"].to_numpy(float) / speed)
+
+
+def speed_summary(trace: pd.DataFrame) -> dict:
+    """How far the machine's speed moved during the run, per reference and overall: the range of the
+    relative speed (min and max over the median) and moved_pct = 100 x (max - min) / median."""
+    kinds = {}
+    for kind in sorted(trace["kind"].unique()):
+        seconds = trace.loc[trace["kind"] == kind, "seconds"].to_numpy(float)
+        median = float(np.median(seconds))
+        kinds[kind] = {"n": int(len(seconds)), "median_s": median,
+                       "relative_min": float(seconds.min() / median), "relative_max": float(seconds.max() / median),
+                       "moved_pct": float(100.0 * (seconds.max() - seconds.min()) / median)}
+    moved = max((k["moved_pct"] for k in kinds.values()), default=0.0)
+    span = float(trace["t_s"].max() - trace["t_s"].min()) if len(trace) else 0.0
+    return {"by_kind": kinds, "moved_pct": moved, "moved_more_than_10pct": bool(moved > 100 * SPEED_MOVED_WARNING),
+            "warning_threshold_pct": 100 * SPEED_MOVED_WARNING, "span_s": span}
+
+
+def round_spread(values: pd.Series) -> float:
+    return float(100.0 * (values.max() - values.min()) / values.median()) if len(values) > 1 else 0.0
 
 
 def point_work(point: GridPoint, model_meta: dict, kv_bytes_per_token: float) -> tuple[float, float]:
-    """(FLOPs, bytes) the call cannot avoid: every weight read once plus the KV it attends over."""
+    """(FLOPs, bytes) the call cannot avoid: every weight read once plus the KV it attends over (a
+    padded decode batch attends over the longest context in every row)."""
     batch, new, cached = point.batch, point.prompt_len, point.cached
     n_layer, n_embd = model_meta["n_layer"], model_meta["n_embd"]
     flops = (2.0 * model_meta["non_embedding_param_count"] * batch * new
@@ -241,6 +252,28 @@ def profile_settings(profile_cfg: dict, quick: bool) -> dict:
     return {**profile_cfg, **QUICK_PROFILE} if quick else dict(profile_cfg)
 
 
+class SpeedTracer:
+    """Re-times the reference shapes whenever `interval_s` has passed since it last did."""
+
+    def __init__(self, calls: dict, settings: dict, clock_zero: float):
+        self.calls, self.settings, self.clock_zero = calls, settings, clock_zero
+        self.rows: list[dict] = []
+        self.last = -np.inf
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.last >= self.settings["reference_interval_s"]
+
+    def record(self) -> None:
+        for kind, call in self.calls.items():
+            timed = time_call(call, self.settings["warmup"], self.settings["repeats"], self.clock_zero)
+            self.rows.append({"t_s": float(np.median([t for t, _, _ in timed])), "kind": kind,
+                              "seconds": float(np.median([s for _, s, _ in timed]))})
+        self.last = time.perf_counter()
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=["t_s", "kind", "seconds"])
+
+
 def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = False,
                 threads: int | None = None, progress: bool = True) -> Profile:
     """Profile the model of `model_cfg` over the grid of `profile_cfg`; `quick` swaps in QUICK_PROFILE's
@@ -261,54 +294,45 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     kv_bytes_per_token = measured_kv_bytes_per_token(model)
 
     grid = build_grid(settings)
+    references = reference_points(settings)
     generator = torch.Generator().manual_seed(seed)
     shuffler = random.Random(seed)
-    per_visit = {**settings, "point_budget_s": settings["point_budget_s"] / VISITS,
-                 "max_repeats": max(settings["min_repeats"], settings["max_repeats"] // VISITS)}
-    attempts = {point_id: [] for point_id in range(len(grid))}
-    with torch.inference_mode(), tqdm(total=VISITS * len(grid), desc="profile", unit="pt", file=sys.stderr,
+    pool = pool_for(model.config, grid + list(references.values()), generator)
+    calls = [point_call(model, pool, point, generator) for point in grid]
+    tracer = SpeedTracer({kind: point_call(model, pool, point, generator) for kind, point in references.items()},
+                         settings, started)
+    sample_rows = []
+    rounds = settings["rounds"]
+    with torch.inference_mode(), tqdm(total=rounds * len(grid), desc="profile", unit="pt", file=sys.stderr,
                                       disable=not progress) as bar:
-        def measure(point_id: int) -> None:
-            point = grid[point_id]
-            bar.set_postfix_str(f"{point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}")
-            gc.collect()
-            call, reset = point_runner(model, point, generator)
-            attempts[point_id].append(time_point(call, reset, per_visit["warmup"], per_visit["min_repeats"],
-                                                 per_visit["max_repeats"], per_visit["point_budget_s"]))
-            bar.update()
-
-        for _ in range(VISITS):
-            # A shuffled order turns slow drifts of the machine (other load, heat) into noise spread
-            # over the grid instead of a trend along one axis that the fit would mistake for cost.
+        for round_number in range(rounds):
+            # A shuffled order per round turns slow drifts of the machine into noise spread over the
+            # grid instead of a trend along one axis that the fit would mistake for cost.
             for point_id in shuffler.sample(range(len(grid)), len(grid)):
-                measure(point_id)
-        retry = [point_id for point_id in range(len(grid))
-                 if not any(uncontended(attempt) for attempt in attempts[point_id])]
-        bar.total += len(retry)
-        for point_id in retry:
-            measure(point_id)
-    # Other load can only slow a probe down, so the faster of the two runs is the machine's.
+                if tracer.due():
+                    tracer.record()
+                point = grid[point_id]
+                bar.set_postfix_str(f"round {round_number + 1}/{rounds} {point.kind} B={point.batch} "
+                                    f"L={point.prompt_len} cached={point.cached}")
+                gc.collect()
+                timed = time_call(calls[point_id], settings["warmup"], settings["repeats"], started)
+                sample_rows += [{"point_id": point_id, "kind": point.kind, "batch": point.batch,
+                                 "prompt_len": point.prompt_len, "cached": point.cached, "round": round_number,
+                                 "repeat": repeat, "t_s": t_s, "seconds": seconds, "cpu_share": share}
+                                for repeat, (t_s, seconds, share) in enumerate(timed)]
+                bar.update()
+        tracer.record()
     roofline_at_end = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"])
     roofline = {**roofline_at_start,
-                "bandwidth_gbs": max(roofline_at_start["bandwidth_gbs"], roofline_at_end["bandwidth_gbs"]),
-                "gemm_gflops": max(roofline_at_start["gemm_gflops"], roofline_at_end["gemm_gflops"]),
+                "bandwidth_gbs": (roofline_at_start["bandwidth_gbs"] + roofline_at_end["bandwidth_gbs"]) / 2,
+                "gemm_gflops": (roofline_at_start["gemm_gflops"] + roofline_at_end["gemm_gflops"]) / 2,
                 "at_start": roofline_at_start, "at_end": roofline_at_end}
 
-    rows, sample_rows = [], []
-    for point_id, point in enumerate(grid):
-        kept = kept_attempt(attempts[point_id])
-        samples, cpu_shares = attempts[point_id][kept]
-        rows.append({**_point_row(point_id, point, samples, model_meta, kv_bytes_per_token, roofline),
-                     "cpu_share": float(np.median(cpu_shares)), "attempts": len(attempts[point_id]),
-                     "kept_attempt": kept})
-        sample_rows += [{"point_id": point_id, "kind": point.kind, "batch": point.batch,
-                         "prompt_len": point.prompt_len, "cached": point.cached, "attempt": number,
-                         "kept": number == kept, "repeat": repeat, "seconds": seconds, "cpu_share": share}
-                        for number, (all_samples, all_shares) in enumerate(attempts[point_id])
-                        for repeat, (seconds, share) in enumerate(zip(all_samples, all_shares))]
-
-    points = pd.DataFrame(rows).sort_values("point_id", ignore_index=True)
-    samples_frame = pd.DataFrame(sample_rows)
+    trace = tracer.frame()
+    samples = normalise(pd.DataFrame(sample_rows), trace)
+    points = pd.DataFrame([_point_row(point_id, point, samples[samples["point_id"] == point_id], model_meta,
+                                      kv_bytes_per_token, roofline)
+                           for point_id, point in enumerate(grid)])
     expected_kv = 2 * model_meta["n_layer"] * model_meta["n_embd"] * FLOAT32_BYTES
     meta = {
         "machine": machine.describe_machine(threads),
@@ -321,42 +345,42 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
             "rss_after_load_bytes": rss_after_load,
             "peak_rss_bytes": peak_rss_bytes(),
         },
-        "settings": {**settings, "quick": quick, "tiny": tiny, "seed": seed, "threads": threads, "visits": VISITS,
+        "settings": {**settings, "quick": quick, "tiny": tiny, "seed": seed, "threads": threads,
                      "cached_prefill": [list(p) for p in settings.get("cached_prefill", CACHED_PREFILL_POINTS)],
-                     "batched_prefill_len": BATCHED_PREFILL_LEN},
+                     "batched_prefill_len": BATCHED_PREFILL_LEN,
+                     "references": {kind: vars(point) for kind, point in references.items()}},
         "n_points": len(grid),
+        "speed": {**speed_summary(trace), "trace": trace.to_dict("records")},
+        "rounds": {"n": rounds,
+                   "median_spread_pct": float(points["spread_pct"].median()),
+                   "median_raw_spread_pct": float(points["raw_spread_pct"].median())},
         "allocator": allocator,
         "load_average": {"start": load_at_start, "end": os.getloadavg()},
         "cpu_share": {"min": float(points["cpu_share"].min()), "median": float(points["cpu_share"].median())},
         "wall_time_s": time.perf_counter() - started,
     }
-    return Profile(points, samples_frame, meta)
-
-
-def uncontended(attempt) -> bool:
-    return np.median(attempt[1]) >= machine.CONTENDED_CPU_SHARE
-
-
-def kept_attempt(attempts: list) -> int:
-    """Index of the fastest uncontended attempt, or of the least contended when all were."""
-    clean = [i for i, attempt in enumerate(attempts) if uncontended(attempt)]
-    if clean:
-        return min(clean, key=lambda i: np.median(attempts[i][0]))
-    return max(range(len(attempts)), key=lambda i: np.median(attempts[i][1]))
+    return Profile(points, samples, meta)
 
 
 def _point_row(point_id, point, samples, model_meta, kv_bytes_per_token, roofline) -> dict:
     flops, bytes_read = point_work(point, model_meta, kv_bytes_per_token)
     floor_mem = bytes_read / (roofline["bandwidth_gbs"] * 1e9)
     floor_compute = flops / (roofline["gemm_gflops"] * 1e9)
-    median = float(np.median(samples))
+    per_round = samples.groupby("round")["normalized_s"].median()
+    raw_per_round = samples.groupby("round")["seconds"].median()
+    normalized = samples["normalized_s"].to_numpy(float)
+    median = float(per_round.median())
     return {
         "point_id": point_id, "kind": point.kind, "batch": point.batch,
         "prompt_len": point.prompt_len, "cached": point.cached,
-        "median_s": median, "p10_s": float(np.percentile(samples, 10)), "p90_s": float(np.percentile(samples, 90)),
-        "mean_s": float(np.mean(samples)), "min_s": float(np.min(samples)), "n_repeats": len(samples),
-        "flops": flops, "bytes": bytes_read,
+        "median_s": median, "round_min_s": float(per_round.min()), "round_max_s": float(per_round.max()),
+        "spread_pct": round_spread(per_round), "raw_median_s": float(raw_per_round.median()),
+        "raw_spread_pct": round_spread(raw_per_round),
+        "p10_s": float(np.percentile(normalized, 10)), "p90_s": float(np.percentile(normalized, 90)),
+        "mean_s": float(normalized.mean()), "min_s": float(normalized.min()), "n_repeats": len(normalized),
+        "n_rounds": int(per_round.size), "flops": flops, "bytes": bytes_read,
         "floor_mem_s": floor_mem, "floor_compute_s": floor_compute, "floor_s": max(floor_mem, floor_compute),
         "bound": "memory" if floor_mem >= floor_compute else "compute",
         "efficiency": max(floor_mem, floor_compute) / median,
+        "cpu_share": float(samples["cpu_share"].median()),
     }

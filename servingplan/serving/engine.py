@@ -3,32 +3,15 @@
 Each iteration asks the very Scheduler the simulator uses for a step, runs it on the model, and
 hands it back with `complete`; time comes from the clock instead of the cost model, so the gap
 between a replay and a simulation of the same trace is the cost model's error (plus the machine's
-noise), not a difference in scheduling. The model calls are the profiler's own `prefill_call` /
-`decode_call`, with the same cache type (transformers' DynamicCache), so the profile times what
-the engine runs.
+noise), not a difference in scheduling.
 
-KV cache. Every running sequence owns a slot of one preallocated pool per K and V, shaped
-[layer, slot, head, position, head_dim]; its entries sit at positions 0..n-1 of its slot.
-
-- Prefill of n prompt tokens after `cached` ones: a DynamicCache whose layers are views of the
-  slot's first `cached` positions (no copy; nothing at all for a fresh prompt), one prefill_call,
-  then the n new entries are copied into the slot.
-- Decode of B sequences: the decoding sequences are kept in slots 0..B-1, so the batch's past is
-  the view pool[:, :B, :, :T] (T = the longest context, shorter ones right-padded), built without
-  copying. The attention mask is 1 on each sequence's own entries and on the new token, 0 on the
-  padding; position_ids are each sequence's own length. After the call the new token's entry
-  (column T of what the call returns) is scattered to position n_b of each slot: one indexed write
-  per layer for K and V.
+KV cache and model calls: servingplan.serving.kvpool, the same functions and layout the profiler
+times (a pool slot per running sequence; decoders in slots 0..B-1, so a decode batch is a view).
 
 Per-step overhead beyond the model calls (reported per step as overhead_s and kv_moved_tokens):
-Python scheduling, building masks and views, the scatter above, freeing what the decode call
-returned (the profiler frees its previous cache inside the timed call instead), and slot moves.
-A slot move copies one sequence's entries when it has to join the decoding block 0..B-1 (a prompt
-finished its prefill in a high slot, or a decoder finished and left a hole), which happens O(1)
-times per request. The padding is real work: the decode reads B * T entries, ctx_mode "padded_max" of the
-cost model. Inside decode_call DynamicCache concatenates the new token onto the past, copying
-B * (T + 1) entries per layer; the profiler's decode points include that copy, so the fitted
-per-context cost does too.
+Python scheduling, reading the emitted tokens, and slot moves. A slot move copies one sequence's
+entries when it has to join the decoding block 0..B-1 (a prompt finished its prefill in a high slot,
+or a decoder finished and left a hole), which happens O(1) times per request.
 """
 from __future__ import annotations
 
@@ -38,11 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import psutil
 import torch
-from transformers import DynamicCache
 
 from servingplan.profiling.machine import configure_threads
-from servingplan.profiling.measure import configure_allocator, decode_call, prefill_call
+from servingplan.serving.kvpool import KVPool, configure_allocator, decode_call, decode_step, prefill_call, prefill_step
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 from servingplan.sim.simulator import SimResult, queue_growth
 from servingplan.workload import Trace
@@ -65,88 +48,6 @@ def request_problem(prompt_tokens: int, output_tokens: int, n_positions: int) ->
         return (f"prompt_tokens + output_tokens = {prompt_tokens} + {output_tokens} exceeds the "
                 f"model's n_positions={n_positions}")
     return None
-
-
-class KVPool:
-    """The KV entries of every running sequence, one slot each, in two preallocated tensors."""
-
-    def __init__(self, config, slots: int, capacity: int):
-        head_dim = config.n_embd // config.n_head
-        shape = (config.n_layer, slots, config.n_head, capacity, head_dim)
-        # zeros, not empty: padded positions are masked, but a NaN left in memory would still
-        # poison the attention output (0 * NaN) through the value product.
-        self.keys = torch.zeros(shape)
-        self.values = torch.zeros(shape)
-        self.config = config
-        self.owner: list[Seq | None] = [None] * slots
-        # entries each slot holds, counted here: a Seq's counters move only when its step completes
-        self.stored = [0] * slots
-        self.slot_of: dict[Seq, int] = {}
-
-    def acquire(self, seq: Seq) -> int:
-        """The highest free slot: decoders gather at the low end, so a new prompt disturbs them least."""
-        slot = max(i for i, owner in enumerate(self.owner) if owner is None)
-        self.owner[slot] = seq
-        self.stored[slot] = 0
-        self.slot_of[seq] = slot
-        return slot
-
-    def release(self, seq: Seq) -> None:
-        slot = self.slot_of.pop(seq, None)
-        if slot is not None:
-            self.owner[slot] = None
-
-    def holds(self, seq: Seq) -> bool:
-        return seq in self.slot_of
-
-    def cache_view(self, slots: slice, length: int) -> DynamicCache:
-        """A DynamicCache over the first `length` positions of `slots`, sharing the pool's memory."""
-        cache = DynamicCache(config=self.config)
-        for layer, keys, values in zip(cache.layers, self.keys[:, slots, :, :length],
-                                       self.values[:, slots, :, :length]):
-            # Assigned rather than passed to the constructor, which concatenates them into copies.
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys, values
-        return cache
-
-    def store_prefill(self, seq: Seq, cache: DynamicCache, start: int, tokens: int) -> None:
-        slot = self.slot_of[seq]
-        for index, layer in enumerate(cache.layers):
-            self.keys[index, slot, :, start:start + tokens] = layer.keys[0, :, start:start + tokens]
-            self.values[index, slot, :, start:start + tokens] = layer.values[0, :, start:start + tokens]
-        self.stored[slot] = start + tokens
-
-    def store_decode(self, cache: DynamicCache, lengths: torch.Tensor) -> None:
-        """Scatter the newest entry of batch row b (slot b) to position lengths[b]."""
-        rows = torch.arange(len(lengths))
-        for index, layer in enumerate(cache.layers):
-            self.keys[index, rows, :, lengths] = layer.keys[:, :, -1]
-            self.values[index, rows, :, lengths] = layer.values[:, :, -1]
-        self.stored[:len(lengths)] = (lengths + 1).tolist()
-
-    def gather_decoders(self, decoders: list) -> tuple[list, int]:
-        """Move the decoding sequences into slots 0..B-1 so their batch is a view; returns them in
-        slot order and the KV entries copied to get there."""
-        batch = len(decoders)
-        taken = {self.slot_of[s] for s in decoders}
-        holes = [slot for slot in range(batch) if slot not in taken]
-        misplaced = [s for s in decoders if self.slot_of[s] >= batch]
-        moved = sum(self._swap(self.slot_of[seq], hole) for seq, hole in zip(misplaced, holes))
-        return sorted(decoders, key=self.slot_of.__getitem__), moved
-
-    def _swap(self, a: int, b: int) -> int:
-        length_a = self.stored[a] if self.owner[a] else 0
-        length_b = self.stored[b] if self.owner[b] else 0
-        for pool in (self.keys, self.values):
-            held_by_b = pool[:, b, :, :length_b].clone()
-            pool[:, b, :, :length_a] = pool[:, a, :, :length_a]
-            pool[:, a, :, :length_b] = held_by_b
-        self.owner[a], self.owner[b] = self.owner[b], self.owner[a]
-        self.stored[a], self.stored[b] = self.stored[b], self.stored[a]
-        for slot in (a, b):
-            if self.owner[slot] is not None:
-                self.slot_of[self.owner[slot]] = slot
-        return length_a + length_b
 
 
 @dataclass
@@ -221,6 +122,9 @@ class _Run:
         self.queue_times: list[float] = []
         self.queue_waiting: list[int] = []
         self.peak_running = self.peak_blocks = self.peak_tokens = self.events = 0
+        # resident memory sampled after every step: what serving at this cap really holds
+        self.process = psutil.Process()
+        self.peak_rss = self.process.memory_info().rss
 
     # -- the loop ----------------------------------------------------------------------------------
     def serve(self) -> EngineRun:
@@ -295,6 +199,7 @@ class _Run:
             self.spans[seq.id].append((start, 1, duration, 0.0))
         for seq in finished:
             self.done[seq.id] = end
+        self.peak_rss = max(self.peak_rss, self.process.memory_info().rss)
         self.step_rows.append({
             "step": len(self.step_rows), "start_s": start, "duration_s": duration, "batch": batch,
             "ctx_sum": sum(contexts), "ctx_max": max(contexts, default=0), "prefill_calls": prefill_calls,
@@ -329,16 +234,11 @@ class _Run:
         if not decoders:
             return prefill_s, 0.0, moved
         lengths = torch.tensor([s.kv_tokens for s in decoders])
-        past = int(lengths.max())
-        cache = self.pool.cache_view(slice(0, len(decoders)), past)
-        attention_mask = (torch.arange(past + 1) < lengths[:, None]).long()
-        attention_mask[:, past] = 1
         input_ids = torch.stack([self.token_ids[s.id][s.prompt_len + s.generated - 1] for s in decoders])[:, None]
         started = time.perf_counter()
-        logits = decode_call(self.model, input_ids, cache, attention_mask, lengths[:, None]).logits
+        logits = decode_step(self.model, self.pool, lengths, input_ids)
         decode_s = time.perf_counter() - started
-        self.pool.store_decode(cache, lengths)
-        for seq, token in zip(decoders, logits[:, -1].argmax(-1)):
+        for seq, token in zip(decoders, logits.argmax(-1)):
             self.token_ids[seq.id][seq.prompt_len + seq.generated] = token
         return prefill_s, decode_s, moved
 
@@ -347,12 +247,9 @@ class _Run:
             self.pool.acquire(seq)
         cached = seq.prefilled
         input_ids = self.token_ids[seq.id][cached:cached + tokens][None]
-        slot = self.pool.slot_of[seq]
-        cache = self.pool.cache_view(slice(slot, slot + 1), cached) if cached else None
-        output = prefill_call(self.model, input_ids, cache)
-        self.pool.store_prefill(seq, output.past_key_values, cached, tokens)
+        logits = prefill_step(self.model, self.pool, self.pool.slot_of[seq], input_ids, cached)
         if cached + tokens == seq.prefill_target:
-            self.token_ids[seq.id][seq.prefill_target] = output.logits[0, -1].argmax()
+            self.token_ids[seq.id][seq.prefill_target] = logits.argmax()
 
     # -- the result ---------------------------------------------------------------------------------
     def _outcome(self, truncated: bool) -> EngineRun:
@@ -370,7 +267,8 @@ class _Run:
             queue_growth=queue_growth(self.queue_times, self.queue_waiting), policy=engine.policy,
             max_num_seqs=engine.max_num_seqs, chunk_size=engine.chunk_size,
             meta={"engine": "real", "threads": engine.threads, "max_wall_s": self.max_wall_s,
-                  "errors": dict(self.errors),
+                  "errors": dict(self.errors), "peak_rss_bytes": int(self.peak_rss),
+                  "kv_pool_bytes": int(self.pool.keys.nbytes + self.pool.values.nbytes),
                   "unfinished": [s.id for s in self.seqs if not s.finished and s.id not in self.errors]},
         )
         prompts = [self.token_ids[s.id][:max(s.prompt_len, 0)].tolist() for s in self.seqs]

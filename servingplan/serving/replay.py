@@ -1,13 +1,17 @@
 """Replay a trace on the real engine and set it against a simulation of the same trace.
 
     replay(trace, model, policy, max_num_seqs, chunk_size, ...) -> (SimResult, steps DataFrame)
-    compare(measured, simulated) -> DataFrame   metric, stat, n, measured_ms, simulated_ms, diff_pct
+    compare(measured, simulated) -> DataFrame   metric, stat, n, measured_ms, measured_lo_ms,
+                                                measured_hi_ms, simulated_ms, diff_pct
     request_pairs(measured, simulated) -> DataFrame   per request, for scatter plots
     predict_steps(steps, cost) -> DataFrame     the replay's steps with the cost model's time for each
 
 The metrics are servingplan.metrics' (TTFT = f - a, TPOT = (c - f)/(N - 1) for N >= 2, E2E = c - a,
 linear percentiles). compare() uses only the requests that finished in both runs, so the two sides
 describe the same population; diff_pct is (simulated - measured) / measured, the cost model's error.
+measured_lo_ms and measured_hi_ms bound a bootstrap 90% interval of each measured statistic
+(BOOTSTRAP_RESAMPLES resamples of the requests, seeded): a p90 over 40 requests is itself uncertain,
+and a simulated value inside that interval agrees with the measurement as far as the trace can tell.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from servingplan.workload import Trace
 
 METRICS = ("ttft", "tpot", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
 
 
 def replay(trace: Trace, model, policy: str, max_num_seqs: int, chunk_size: int = 512,
@@ -41,26 +47,42 @@ def _same_trace(measured: SimResult, simulated: SimResult) -> None:
         raise ValueError("compare: the two runs served different traces")
 
 
+def statistic(values: np.ndarray, stat: str, axis=None):
+    if stat == "mean":
+        return np.mean(values, axis=axis)
+    return np.percentile(values, float(stat[1:]), axis=axis)
+
+
+def bootstrap_interval(values: np.ndarray, stat: str, level: float = 0.90) -> tuple[float, float]:
+    """The central `level` interval of `stat` over resamples of `values` with replacement."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    resampled = values[rng.integers(len(values), size=(BOOTSTRAP_RESAMPLES, len(values)))]
+    estimates = statistic(resampled, stat, axis=1)
+    tail = 100 * (1 - level) / 2
+    return float(np.percentile(estimates, tail)), float(np.percentile(estimates, 100 - tail))
+
+
 def compare(measured: SimResult, simulated: SimResult) -> pd.DataFrame:
-    """TTFT, TPOT and E2E (ms) of the requests finished in both runs: mean, p50, p90, p99."""
+    """TTFT, TPOT and E2E (ms) of the requests finished in both runs: mean, p50, p90, p99, with a
+    bootstrap 90% interval around each measured value."""
     _same_trace(measured, simulated)
     mine, theirs = per_request(measured), per_request(simulated)
     both = mine["finished"].to_numpy() & theirs["finished"].to_numpy()
     rows = []
     for metric in METRICS:
         column = f"{metric}_s"
-        a = mine.loc[both, column].dropna().to_numpy() * 1e3
-        b = theirs.loc[both, column].dropna().to_numpy() * 1e3
+        pairs = pd.DataFrame({"a": mine.loc[both, column], "b": theirs.loc[both, column]}).dropna()
+        a, b = pairs["a"].to_numpy() * 1e3, pairs["b"].to_numpy() * 1e3
         for stat in STATS:
             if a.size == 0:
-                m = s = np.nan
-            elif stat == "mean":
-                m, s = float(a.mean()), float(b.mean())
+                m = s = lo = hi = np.nan
             else:
-                q = float(stat[1:])
-                m, s = percentile(a, q), percentile(b, q)
+                m = float(statistic(a, stat)) if stat == "mean" else percentile(a, float(stat[1:]))
+                s = float(statistic(b, stat)) if stat == "mean" else percentile(b, float(stat[1:]))
+                lo, hi = bootstrap_interval(a, stat)
             rows.append({"metric": metric, "stat": stat, "n": int(a.size), "measured_ms": m,
-                         "simulated_ms": s, "diff_pct": 100.0 * (s - m) / m if m else np.nan})
+                         "measured_lo_ms": lo, "measured_hi_ms": hi, "simulated_ms": s,
+                         "diff_pct": 100.0 * (s - m) / m if m else np.nan})
     return pd.DataFrame(rows)
 
 
