@@ -4,6 +4,9 @@ localrules: validate
 
 
 rule validate:
+    # first in line once the cost model exists: the replays then run as close in time to the profile
+    # as they can, before the simulation jobs heat the machine for minutes
+    priority: 50
     input:
         costmodel=rules.fit.output.costmodel,
         machine=rules.profile.output.machine,

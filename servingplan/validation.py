@@ -30,7 +30,8 @@ import torch
 from servingplan.capacity import Criterion, capacity
 from servingplan.metrics import SLO
 from servingplan.planner import kv_blocks
-from servingplan.profiling.measure import (GridPoint, decode_lengths, point_call, pool_for,
+from servingplan.profiling.machine import roofline_probes
+from servingplan.profiling.measure import (GridPoint, build_grid, decode_lengths, point_call, pool_for,
                                            reference_points, time_call)
 from servingplan.serving.engine import Engine
 from servingplan.serving.replay import compare, predict_steps, replay, request_pairs
@@ -57,19 +58,22 @@ def validation_traces(workload: dict, validation: dict, stable_rps: float, seed:
 
 
 class SpeedProbe:
-    """Re-times the profile's reference shapes with the profiler's estimator and compares them with
-    the profile's median reference times."""
+    """Re-times the profile's reference shapes with the profiler's estimator, on a KV pool of the
+    profile's geometry, and compares them with the profile's median reference times. The roofline
+    probes are re-run beside them: an independent reading of whether the machine itself is slower."""
 
     def __init__(self, model, profile_meta: dict, seed: int):
         settings = profile_meta["settings"]
         self.settings = settings
         self.baseline = {kind: values["median_s"] for kind, values in profile_meta["speed"]["by_kind"].items()}
+        self.roofline = profile_meta["roofline"]
         points = reference_points(settings)
         generator = torch.Generator().manual_seed(seed)
-        pool = pool_for(model.config, list(points.values()), generator)
+        pool = pool_for(model.config, build_grid(settings) + list(points.values()), generator)
         self.calls = {kind: point_call(model, pool, point, generator) for kind, point in points.items()}
         self.started = time.perf_counter()
         self.rows: list[dict] = []
+        self.probes: list[dict] = []
 
     def measure(self, label: str) -> dict:
         """{kind: now / profiled} at this moment, recorded under `label`."""
@@ -82,6 +86,10 @@ class SpeedProbe:
                 self.rows.append({"label": label, "t_s": float(np.median([t for t, _, _ in timed])),
                                   "kind": kind, "seconds": seconds, "profiled_s": self.baseline[kind],
                                   "ratio": ratios[kind]})
+        now = roofline_probes(self.roofline["probe_bytes"], self.roofline["gemm_size"])
+        self.probes.append({"label": label, "bandwidth_gbs": now["bandwidth_gbs"], "gemm_gflops": now["gemm_gflops"],
+                            "bandwidth_over_profile": now["bandwidth_gbs"] / self.roofline["bandwidth_gbs"],
+                            "gemm_over_profile": now["gemm_gflops"] / self.roofline["gemm_gflops"]})
         return ratios
 
 
@@ -210,7 +218,7 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
                                                                             found["capacity_max_rps"]],
             "traces": traces,
             "machine_drift": {"by_kind": drift, "ratio": float(np.mean(list(drift.values()))) if drift else 1.0,
-                              "trace": probe.rows},
+                              "trace": probe.rows, "roofline": probe.probes},
             "path_check": checked,
             "serving_memory": {"peak_rss_bytes": int(peak_rss), "rss_before_replays_bytes": int(rss_before),
                                "kv_pool_bytes": int(pool_bytes), "max_num_seqs": cap, "policy": policy},

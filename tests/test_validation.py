@@ -16,7 +16,8 @@ def model():
 
 def profile_meta(decode_s=0.002, prefill_s=0.004):
     return {"settings": dict(QUICK_PROFILE),
-            "speed": {"by_kind": {"decode": {"median_s": decode_s}, "prefill": {"median_s": prefill_s}}}}
+            "speed": {"by_kind": {"decode": {"median_s": decode_s}, "prefill": {"median_s": prefill_s}}},
+            "roofline": {"bandwidth_gbs": 20.0, "gemm_gflops": 100.0, "probe_bytes": 2**20, "gemm_size": 64}}
 
 
 def test_speed_probe_compares_the_references_with_the_profile_median(model):
@@ -25,6 +26,7 @@ def test_speed_probe_compares_the_references_with_the_profile_median(model):
     assert set(ratios) == {"decode", "prefill"}
     for row in probe.rows:
         assert row["ratio"] == pytest.approx(row["seconds"] / row["profiled_s"]) and row["label"] == "now"
+    assert probe.probes[0]["gemm_over_profile"] == pytest.approx(probe.probes[0]["gemm_gflops"] / 100.0)
 
 
 def test_path_check_times_engine_steps_and_profile_points_of_each_shape(model):
