@@ -28,7 +28,13 @@ def architecture(model_cfg: dict) -> dict:
         overrides = QUICK_CONFIG_OVERRIDES if model_cfg.get("tiny", False) else {}
         return {**GPT2_SMALL, **overrides}
     stored = json.loads((Path(model_cfg["source"]) / "config.json").read_text())
-    return {key: stored.get(key, default) for key, default in GPT2_SMALL.items()}
+    if not isinstance(stored, dict):
+        raise ValueError("config.json is not a JSON object")
+    arch = {key: stored.get(key, default) for key, default in GPT2_SMALL.items()}
+    for key, value in arch.items():
+        if not (isinstance(value, int) and value >= 1 or key == "n_inner" and value is None):
+            raise ValueError(f"{key} = {value!r}: must be a positive integer")
+    return arch
 
 
 def weight_count(arch: dict) -> int:

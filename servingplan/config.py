@@ -123,17 +123,18 @@ def _check_sizes(config: dict) -> None:
             f"config error: memory.budget_gb = {mem['budget_gb']}: must hold the weights of {name} "
             f"({architecture.weight_count(arch):,} float32 parameters, {_gb(weights)}) plus the KV cache of one "
             f"memory.max_context sequence ({_gb(one_sequence)}): at least {_gb(weights + one_sequence)}")
+    available = psutil.virtual_memory().total
     validation = config["validation"]
+    # the replay engine preallocates a KV slot of the longest request for every sequence it may run
     pool = validation["cap"] * (mem["max_context"] - 1) * kv_per_token
-    if weights + pool > mem["budget_gb"] * GB:
+    if weights + pool > available:
         raise ConfigError(
             f"config error: validation.cap = {validation['cap']}: the engine's KV pool for that many "
-            f"memory.max_context sequences ({_gb(pool)}) and the weights ({_gb(weights)}) exceed "
-            f"memory.budget_gb ({mem['budget_gb']})")
+            f"memory.max_context sequences and the weights need {_gb(weights + pool)} of memory; this machine "
+            f"has {_gb(available)}")
     profile = config["profile"]
     # the profiler builds the cache of its largest decode point, and the call copies it once more
     largest_decode = 2 * max(profile["decode_batches"]) * (max(profile["decode_contexts"]) + 1) * kv_per_token
-    available = psutil.virtual_memory().total
     if weights + largest_decode > available:
         raise ConfigError(
             f"config error: profile.decode_batches = {profile['decode_batches']}: its largest point "
