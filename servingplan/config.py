@@ -23,6 +23,13 @@ class ConfigError(ValueError):
     pass
 
 
+# JSON Schema counts 3.0 as an integer; here a count, a size or a seed must be written as one, since
+# 3.0 would flow on as a float into seeds, ranges and array sizes.
+_STRICT_INTEGERS = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda checker, instance: isinstance(instance, int) and not isinstance(instance, bool))
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_STRICT_INTEGERS)
+
+
 def _key(path) -> str:
     out = ""
     for part in path:
@@ -150,7 +157,7 @@ def check(config: dict) -> None:
     if found:
         raise ConfigError(f"config error: {_key(found[0])} = {found[1]!r}: must be a finite number")
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if errors:
         raise ConfigError(_schema_error(jsonschema.exceptions.best_match(errors), schema))
