@@ -1,5 +1,6 @@
 # Profiling measures the machine the pipeline runs on, so it takes every core (nothing runs beside it
-# to distort the timings) and always runs locally, even under a cluster executor.
+# to distort the timings) and always runs locally, even under a cluster executor. The grid is always
+# the config's `profile` section; `model.tiny` (config/quick.yaml) swaps in the 2-layer model alone.
 localrules: profile
 
 
@@ -14,7 +15,6 @@ rule profile:
         profile=config["profile"],
         model=config["model"],
         seed=config["seed"],
-        quick=config["model"].get("tiny", False),
     threads: workflow.cores
     resources:
         mem_mb=4000,

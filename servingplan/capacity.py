@@ -38,10 +38,22 @@ class Criterion:
         return "slo_percentiles"
 
 
+# Halving the log-width of any finite positive bracket this many times reaches neighbouring floats.
+MAX_BISECTIONS = 200
+
+
 def log_bisect(true_below, lo: float, hi: float, tolerance: float) -> tuple[float, float]:
-    """Narrow [lo, hi] on a log scale around where `true_below` turns from true (at lo) to false (at hi)."""
-    while hi / lo - 1.0 > tolerance:
+    """Narrow [lo, hi] on a log scale around where `true_below` turns from true (at lo) to false (at hi),
+    until the relative width is within `tolerance`, the bounds are neighbouring floats (no midpoint
+    lies between them), or MAX_BISECTIONS evaluations."""
+    if not (0.0 < lo < hi and math.isfinite(hi)):
+        raise ValueError(f"log_bisect bracket [{lo}, {hi}]: needs finite bounds 0 < lo < hi")
+    for _ in range(MAX_BISECTIONS):
+        if hi / lo - 1.0 <= tolerance:
+            break
         mid = math.sqrt(lo * hi)
+        if not lo < mid < hi:
+            break
         if true_below(mid):
             lo = mid
         else:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from servingplan import costmodel, workload
-from servingplan.metrics import SLO, aggregate_seeds, summarize
+from servingplan.metrics import SLO, aggregate_seeds, finite_or_none, summarize
 from servingplan.sim import POLICIES, simulate
 
 PROG = "serving_sim"
@@ -23,6 +23,18 @@ CURVE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 # vLLM's default max_num_seqs
 DEFAULT_CAP = 256
 REPORTED_PERCENTILES = (50, 90, 95, 99)
+# Bounds that keep every run finite in time and memory, far above any useful value.
+MAX_RATE = 1e6
+MAX_CAP = 65536
+MAX_TOKENS = workload.MAX_TRACE_TOKENS
+MAX_KV_BLOCKS = 1 << 30
+MAX_SEEDS = 100
+MAX_SEED = 2**32 - 1
+MAX_LIST_ITEMS = 100
+MAX_NUM_REQUESTS = workload.MAX_TRACE_ROWS
+MAX_LATENCY_MS = 1e9
+# requests held in memory at once: every (seed, rate) trace is drawn before the first cell runs
+MAX_TRACE_REQUESTS = 10_000_000
 
 
 class UsageError(Exception):
@@ -34,23 +46,34 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message}\n")
 
 
-def _number(text: str, kind, what: str, minimum, inclusive: bool):
+def _number(text: str, kind, what: str, minimum, inclusive: bool, maximum=None):
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+    too_big = maximum is not None and value > maximum
+    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive) or too_big:
         bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        if maximum is not None:
+            bound += f" and <= {maximum:g}"
         raise argparse.ArgumentTypeError(f"{text!r}: must be {what} {bound}")
     return value
 
 
-def positive_float(text: str) -> float:
-    return _number(text, float, "a number", 0.0, inclusive=False)
+def bounded_float(maximum: float):
+    def parse(text: str) -> float:
+        return _number(text, float, "a number", 0.0, inclusive=False, maximum=maximum)
+    return parse
 
 
-def positive_int(text: str) -> int:
-    return _number(text, int, "an integer", 1, inclusive=True)
+def bounded_int(maximum: int):
+    def parse(text: str) -> int:
+        return _number(text, int, "an integer", 1, inclusive=True, maximum=maximum)
+    return parse
+
+
+arrival_rate = bounded_float(MAX_RATE)
+sequence_cap = bounded_int(MAX_CAP)
 
 
 def percentile_value(text: str) -> float:
@@ -61,11 +84,13 @@ def percentile_value(text: str) -> float:
 
 
 def list_of(item_type):
-    """A comma-separated list whose every item passes `item_type`."""
+    """A comma-separated list of at most MAX_LIST_ITEMS items, each passing `item_type`."""
     def parse(text: str):
         items = text.split(",")
         if any(not item.strip() for item in items):
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list (empty item)")
+        if len(items) > MAX_LIST_ITEMS:
+            raise argparse.ArgumentTypeError(f"{len(items)} items: at most {MAX_LIST_ITEMS} allowed")
         return [item_type(item.strip()) for item in items]
     return parse
 
@@ -79,8 +104,8 @@ def policy_name(text: str) -> str:
 def seed_list(text: str) -> list[int]:
     """'5' means seeds 0..4; '3,7' means exactly seeds 3 and 7."""
     if "," not in text:
-        return list(range(positive_int(text)))
-    return list_of(lambda s: _number(s, int, "an integer seed", 0, inclusive=True))(text)
+        return list(range(_number(text, int, "a number of seeds", 1, inclusive=True, maximum=MAX_SEEDS)))
+    return list_of(lambda s: _number(s, int, "an integer seed", 0, inclusive=True, maximum=MAX_SEED))(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,31 +114,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", type=list_of(policy_name), action="append",
                    help=f"policies, comma-separated or repeated; allowed: {', '.join(POLICIES)} "
                         "(default continuous_chunked)")
-    p.add_argument("--rate", type=positive_float, help="arrival rate, requests/s (default: the workload's)")
-    p.add_argument("--sweep-rate", type=list_of(positive_float), help="comma-separated arrival rates")
-    p.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_CAP,
+    p.add_argument("--rate", type=arrival_rate, help="arrival rate, requests/s (default: the workload's)")
+    p.add_argument("--sweep-rate", type=list_of(arrival_rate), help="comma-separated arrival rates")
+    p.add_argument("--max-num-seqs", type=sequence_cap, default=DEFAULT_CAP,
                    help=f"cap on running sequences when --sweep-batch is not given (default {DEFAULT_CAP})")
-    p.add_argument("--sweep-batch", type=list_of(positive_int), help="comma-separated caps (max_num_seqs)")
+    p.add_argument("--sweep-batch", type=list_of(sequence_cap), help="comma-separated caps (max_num_seqs)")
     p.add_argument("--workload", default="exercise2",
                    help=f"preset ({', '.join(workload.PRESETS)}) or trace CSV with columns arrival_s, "
                         "prompt_tokens, output_tokens (default exercise2)")
     p.add_argument("--cost-model", default="exercise2",
                    help=f"preset ({', '.join(costmodel.PRESETS)}) or cost-model JSON (default exercise2)")
-    p.add_argument("--chunk-size", type=positive_int, default=512, help="prompt tokens per step, chunked policy")
+    p.add_argument("--chunk-size", type=bounded_int(MAX_TOKENS), default=512,
+                   help="prompt tokens per step, chunked policy")
     p.add_argument("--seeds", type=seed_list, default=list(range(5)),
                    help="number of seeds (N means 0..N-1) or a comma-separated list of seeds (default 5)")
-    p.add_argument("--num-requests", type=positive_int, help="requests per trace (default: the workload's)")
-    p.add_argument("--slo-ttft-ms", type=positive_float, help="TTFT bound, ms")
+    p.add_argument("--num-requests", type=bounded_int(MAX_NUM_REQUESTS),
+                   help="requests per trace (default: the workload's)")
+    p.add_argument("--slo-ttft-ms", type=bounded_float(MAX_LATENCY_MS), help="TTFT bound, ms")
     p.add_argument("--slo-ttft-pct", type=percentile_value, default=95.0, help="TTFT percentile (default 95)")
-    p.add_argument("--slo-tpot-ms", type=positive_float, help="TPOT bound, ms")
+    p.add_argument("--slo-tpot-ms", type=bounded_float(MAX_LATENCY_MS), help="TPOT bound, ms")
     p.add_argument("--slo-tpot-pct", type=percentile_value, default=95.0, help="TPOT percentile (default 95)")
-    p.add_argument("--slo-itl-ms", type=positive_float, help="inter-token latency bound, ms")
+    p.add_argument("--slo-itl-ms", type=bounded_float(MAX_LATENCY_MS), help="inter-token latency bound, ms")
     p.add_argument("--slo-itl-pct", type=percentile_value, default=99.0, help="ITL percentile (default 99)")
-    p.add_argument("--kv-blocks", type=positive_int, help="KV cache size in blocks (default unlimited)")
-    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--kv-blocks", type=bounded_int(MAX_KV_BLOCKS), help="KV cache size in blocks (default unlimited)")
+    p.add_argument("--block-size", type=bounded_int(MAX_TOKENS), default=16, help="tokens per KV block (default 16)")
     p.add_argument("--print-curve", action="store_true",
                    help="print the cost model's decode step latency and throughput per batch size and exit")
-    p.add_argument("--curve-context", type=positive_int, default=2000,
+    p.add_argument("--curve-context", type=bounded_int(MAX_TOKENS), default=2000,
                    help="per-sequence context of --print-curve (default 2000)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     return p
@@ -137,6 +164,10 @@ def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
         if args.num_requests:
             spec["num_requests"] = args.num_requests
         rates = rates or [float(spec["rate"])]
+        held = spec["num_requests"] * len(args.seeds) * len(rates)
+        if held > MAX_TRACE_REQUESTS:
+            raise UsageError(f"--num-requests x seeds x rates = {spec['num_requests']} x {len(args.seeds)} x "
+                             f"{len(rates)} = {held:,} requests: at most {MAX_TRACE_REQUESTS:,} allowed")
         return [(seed, rate, workload.generate({**spec, "rate": rate}, seed))
                 for rate in rates for seed in args.seeds]
     if not Path(args.workload).is_file():
@@ -156,6 +187,9 @@ def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
         return [(0, len(trace) / trace.duration_s if trace.duration_s > 0 else math.inf, trace)]
     if trace.duration_s <= 0:
         raise UsageError(f"--workload {args.workload!r}: all arrivals at time 0, so --rate cannot rescale it")
+    if len(trace) * len(rates) > MAX_TRACE_REQUESTS:
+        raise UsageError(f"--workload {args.workload!r}: {len(trace):,} requests x {len(rates)} rates: at most "
+                         f"{MAX_TRACE_REQUESTS:,} requests allowed")
     return [(0, rate, trace.with_rate(rate)) for rate in rates]
 
 
@@ -267,7 +301,9 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(rows, indent=1))
+        # JSON has no infinity (a trace whose requests all arrive at once has an infinite rate)
+        print(json.dumps([{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()}
+                          for row in rows], indent=1))
     else:
         print(format_table(rows, slo))
     return 0

@@ -4,11 +4,16 @@ A bad value gives one line naming the key, the value and what is allowed, and ex
 """
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 import jsonschema
+import psutil
 import yaml
+
+from servingplan import architecture
+from servingplan.memory import GB, reserved_tokens_per_seq
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
@@ -16,6 +21,13 @@ SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
 
 class ConfigError(ValueError):
     pass
+
+
+# JSON Schema counts 3.0 as an integer; here a count, a size or a seed must be written as one, since
+# 3.0 would flow on as a float into seeds, ranges and array sizes.
+_STRICT_INTEGERS = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda checker, instance: isinstance(instance, int) and not isinstance(instance, bool))
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_STRICT_INTEGERS)
 
 
 def _key(path) -> str:
@@ -45,6 +57,8 @@ def _allowed(error: jsonschema.ValidationError) -> str:
         return f"length must be {'>=' if kind == 'minLength' else '<='} {v}"
     if kind == "uniqueItems":
         return "items must be unique"
+    if kind == "pattern":
+        return "must be one line without control characters (newline, tab, ...)"
     return error.message
 
 
@@ -78,10 +92,75 @@ def _longest(spec: dict) -> int:
     return spec["value"] if spec["dist"] == "constant" else spec["max"]
 
 
+def _non_finite(value, path=()):
+    """(path, value) of the first NaN or infinity anywhere in `value`, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, path + (key,))
+        if found:
+            return found
+    return None
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / GB:.4g} GB"
+
+
+def _check_sizes(config: dict) -> None:
+    """What the model's shape rules out, known before anything is loaded or profiled."""
+    model = config["model"]
+    try:
+        arch = architecture.architecture(model)
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"config error: model.source = {model['source']!r}: its config.json cannot be read "
+                          f"({' '.join(str(exc).split())})")
+    name = "the tiny 2-layer GPT-2" if model.get("tiny", False) else (
+        "GPT-2 small" if model["source"] == "random" else f"the checkpoint in {model['source']}")
+    mem = config["memory"]
+    if mem["max_context"] > arch["n_positions"]:
+        raise ConfigError(f"config error: memory.max_context = {mem['max_context']}: must be <= the model's "
+                          f"n_positions ({arch['n_positions']})")
+    weights = architecture.weight_bytes(arch)
+    kv_per_token = architecture.kv_bytes_per_token(arch)
+    one_sequence = reserved_tokens_per_seq(mem["max_context"], mem["block_size"]) * kv_per_token
+    if mem["budget_gb"] * GB < weights + one_sequence:
+        raise ConfigError(
+            f"config error: memory.budget_gb = {mem['budget_gb']}: must hold the weights of {name} "
+            f"({architecture.weight_count(arch):,} float32 parameters, {_gb(weights)}) plus the KV cache of one "
+            f"memory.max_context sequence ({_gb(one_sequence)}): at least {_gb(weights + one_sequence)}")
+    available = psutil.virtual_memory().total
+    validation = config["validation"]
+    # the replay engine preallocates a KV slot of the longest request for every sequence it may run
+    pool = validation["cap"] * (mem["max_context"] - 1) * kv_per_token
+    if weights + pool > available:
+        raise ConfigError(
+            f"config error: validation.cap = {validation['cap']}: the engine's KV pool for that many "
+            f"memory.max_context sequences and the weights need {_gb(weights + pool)} of memory; this machine "
+            f"has {_gb(available)}")
+    profile = config["profile"]
+    # the profiler's KV pool holds its largest decode batch at its longest shape (a decode context or a
+    # prompt), and the decode call copies that batch's past once more
+    longest_shape = max(max(profile["decode_contexts"]) + 1, max(profile["prefill_lengths"]))
+    largest_batch = max(profile["decode_batches"])
+    largest_decode = largest_batch * (longest_shape + max(profile["decode_contexts"]) + 1) * kv_per_token
+    if weights + largest_decode > available:
+        raise ConfigError(
+            f"config error: profile.decode_batches = {profile['decode_batches']}: its largest point "
+            f"(batch {max(profile['decode_batches'])} at context {max(profile['decode_contexts'])}) needs "
+            f"{_gb(weights + largest_decode)} of memory; this machine has {_gb(available)}")
+
+
 def check(config: dict) -> None:
     """Raise ConfigError with one line for the first bad value."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"config error: (top level) = {config!r}: must be a mapping of sections")
+    found = _non_finite(config)
+    if found:
+        raise ConfigError(f"config error: {_key(found[0])} = {found[1]!r}: must be a finite number")
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if errors:
         raise ConfigError(_schema_error(jsonschema.exceptions.best_match(errors), schema))
@@ -100,6 +179,7 @@ def check(config: dict) -> None:
     if source != "random" and not (Path(source) / "config.json").is_file():
         raise ConfigError(f"config error: model.source = {source!r}: must be 'random' or a local directory "
                           "holding a transformers checkpoint (config.json + weights)")
+    _check_sizes(config)
 
 
 def load(path) -> dict:

@@ -28,12 +28,19 @@ The JSON contract (written by the fit stage, read by the simulator):
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 SCHEMA_VERSION = 1
 CTX_MODES = ("sum", "padded_max")
+# An hour per token, per sequence or per call is no machine's cost; past it products overflow.
+MAX_COEFFICIENT_S = 3600.0
+DECODE_KEYS = ("fixed_s", "per_seq_s", "per_ctx_token_s")
+PREFILL_KEYS = ("fixed_s", "per_token_s", "per_token_sq_s", "per_token_ctx_s")
+OPTIONAL_PREFILL_KEYS = ("per_token_sq_s", "per_token_ctx_s")
+MAX_TABLE_BATCH = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -125,12 +132,10 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
-        if d.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"cost model schema_version={d.get('schema_version')!r}: expected {SCHEMA_VERSION}")
+        """The model a JSON document describes, after `validate` found nothing wrong with it."""
+        validate(d)
         dec, pre = d["decode"], d["prefill"]
         table = dec.get("batch_fixed_s", {"batches": [], "fixed_s": []})
-        if len(table["batches"]) != len(table["fixed_s"]):
-            raise ValueError("cost model decode.batch_fixed_s: batches and fixed_s differ in length")
         return cls(float(dec["fixed_s"]), float(dec["per_seq_s"]), float(dec["per_ctx_token_s"]),
                    float(pre["fixed_s"]), float(pre["per_token_s"]), float(pre.get("per_token_sq_s", 0.0)),
                    float(pre.get("per_token_ctx_s", 0.0)), dec.get("ctx_mode", "sum"),
@@ -152,6 +157,78 @@ EXERCISE2 = CostModel(
 )
 
 PRESETS = {"exercise2": EXERCISE2}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _coefficient(where: str, value) -> float:
+    if not _is_number(value):
+        raise ValueError(f"cost model {where} = {value!r}: must be a number (seconds)")
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_COEFFICIENT_S:
+        raise ValueError(f"cost model {where} = {value!r}: must be a finite number of seconds in "
+                         f"[0, {MAX_COEFFICIENT_S:g}]")
+    return float(value)
+
+
+def _section(d: dict, name: str) -> dict:
+    section = d.get(name)
+    if not isinstance(section, dict):
+        raise ValueError(f"cost model {name} = {section!r}: must be an object with keys "
+                         f"{', '.join(DECODE_KEYS if name == 'decode' else PREFILL_KEYS)}")
+    return section
+
+
+def validate(d) -> None:
+    """Raise ValueError, one line naming the field, its value and what is allowed, unless `d` is a
+    cost-model document (the JSON contract above) whose every step takes a finite, positive time:
+    coefficients finite and non-negative, a decode step and a prefill call never free."""
+    if not isinstance(d, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(d), "a number")
+        raise ValueError(f"cost model: the document is {kind}, must be a JSON object with schema_version, "
+                         "decode and prefill")
+    if d.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"cost model schema_version={d.get('schema_version')!r}: expected {SCHEMA_VERSION}")
+    dec, pre = _section(d, "decode"), _section(d, "prefill")
+    for name, section, keys in (("decode", dec, DECODE_KEYS), ("prefill", pre, PREFILL_KEYS)):
+        for key in keys:
+            if key not in section and key not in OPTIONAL_PREFILL_KEYS:
+                raise ValueError(f"cost model {name}.{key} is missing (required: {', '.join(keys)})")
+            if key in section:
+                _coefficient(f"{name}.{key}", section[key])
+    if dec.get("ctx_mode", "sum") not in CTX_MODES:
+        raise ValueError(f"cost model decode.ctx_mode = {dec['ctx_mode']!r}: allowed {', '.join(CTX_MODES)}")
+    for key in ("name", "source"):
+        if not isinstance(d.get(key, ""), str):
+            raise ValueError(f"cost model {key} = {d[key]!r}: must be a string")
+    if not isinstance(d.get("meta", {}), dict):
+        raise ValueError(f"cost model meta = {d['meta']!r}: must be an object")
+    table = dec.get("batch_fixed_s", {"batches": [], "fixed_s": []})
+    if not isinstance(table, dict) or not all(isinstance(table.get(k), list) for k in ("batches", "fixed_s")):
+        raise ValueError(f"cost model decode.batch_fixed_s = {table!r}: must be an object with lists "
+                         "batches and fixed_s")
+    batches, seconds = table["batches"], table["fixed_s"]
+    if len(batches) != len(seconds):
+        raise ValueError("cost model decode.batch_fixed_s: batches and fixed_s differ in length "
+                         f"({len(batches)} and {len(seconds)})")
+    for batch in batches:
+        if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_TABLE_BATCH:
+            raise ValueError(f"cost model decode.batch_fixed_s.batches item {batch!r}: must be an integer "
+                             f"in [1, {MAX_TABLE_BATCH}]")
+    if len(set(batches)) < len(batches):
+        raise ValueError(f"cost model decode.batch_fixed_s.batches = {batches}: must be distinct")
+    for i, value in enumerate(seconds):
+        _coefficient(f"decode.batch_fixed_s.fixed_s[{i}]", value)
+    # Every decode step reads at least one KV token per sequence; every prefill call has a token.
+    per_ctx = dec["per_ctx_token_s"]
+    smallest_batch_part = min(seconds) if seconds else dec["fixed_s"] + dec["per_seq_s"]
+    if smallest_batch_part + per_ctx <= 0:
+        raise ValueError("cost model decode: fixed_s + per_seq_s (or the smallest batch_fixed_s entry) + "
+                         "per_ctx_token_s = 0: a decode step would take no time; one of them must be > 0")
+    if sum(pre.get(key, 0.0) for key in ("fixed_s", "per_token_s", "per_token_sq_s")) <= 0:
+        raise ValueError("cost model prefill: fixed_s + per_token_s + per_token_sq_s = 0: a prefill call "
+                         "would take no time; one of them must be > 0")
 
 
 def load(spec: str | Path) -> CostModel:

@@ -66,13 +66,15 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(v, q))
 
 
-def _token_grid(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
-    """(request index, emission time) of every token, request-major and in time order."""
-    if result.token_spans is None:
-        raise ValueError("ITL needs token times: simulate with record_tokens=True")
-    spans_per_request = np.fromiter((len(s) for s in result.token_spans), dtype=np.int64,
-                                    count=len(result.token_spans))
-    spans = np.fromiter(chain.from_iterable(chain.from_iterable(result.token_spans)), dtype=float,
+# Requests whose token times are expanded at once: the expansion needs ~60 bytes per token, so the
+# gaps are computed in blocks and only the gaps themselves (8 bytes each) are kept.
+GAP_BLOCK_REQUESTS = 1024
+
+
+def _token_grid(token_spans: list) -> tuple[np.ndarray, np.ndarray]:
+    """(request index within `token_spans`, emission time) of every token, request-major and in time order."""
+    spans_per_request = np.fromiter((len(s) for s in token_spans), dtype=np.int64, count=len(token_spans))
+    spans = np.fromiter(chain.from_iterable(chain.from_iterable(token_spans)), dtype=float,
                         count=4 * int(spans_per_request.sum())).reshape(-1, 4)
     start, k, d0, dd = spans[:, 0], spans[:, 1].astype(np.int64), spans[:, 2], spans[:, 3]
     span_of_token = np.repeat(np.arange(len(spans)), k)
@@ -80,26 +82,12 @@ def _token_grid(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
     first_token_of_span = np.cumsum(k) - k
     j = (np.arange(span_of_token.size) - first_token_of_span[span_of_token] + 1).astype(float)
     times = start[span_of_token] + j * d0[span_of_token] + dd[span_of_token] * j * (j - 1) / 2
-    request_of_span = np.repeat(np.arange(len(result.token_spans)), spans_per_request)
+    request_of_span = np.repeat(np.arange(len(token_spans)), spans_per_request)
     return request_of_span[span_of_token], times
 
 
-def _gaps(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
-    """(request index, gap) of every inter-token gap."""
-    request, times = _token_grid(result)
-    same_request = request[1:] == request[:-1]
-    return request[1:][same_request], np.diff(times)[same_request]
-
-
-def itl_values(result: SimResult) -> np.ndarray:
-    """Every inter-token gap (seconds) of every request, request by request."""
-    return _gaps(result)[1]
-
-
-def request_itl_percentile(result: SimResult, q: float) -> np.ndarray:
-    """The q-th percentile of each request's own gaps (seconds); NaN for a request with no gap."""
-    request, gaps = _gaps(result)
-    n = len(result.arrival_s)
+def _own_percentile(request: np.ndarray, gaps: np.ndarray, n: int, q: float) -> np.ndarray:
+    """The q-th percentile of each of n requests' own gaps; NaN for a request with no gap."""
     out = np.full(n, np.nan)
     if gaps.size == 0:
         return out
@@ -115,6 +103,34 @@ def request_itl_percentile(result: SimResult, q: float) -> np.ndarray:
     below, above = gaps[base + lo], gaps[base + hi]
     out[has_gaps] = below + (above - below) * (position - lo)
     return out
+
+
+def inter_token_gaps(result: SimResult, q: float | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every inter-token gap (seconds), request by request, and when `q` is given the q-th percentile
+    of each request's own gaps (NaN for a request with no gap), in one pass over the token times."""
+    if result.token_spans is None:
+        raise ValueError("ITL needs token times: simulate with record_tokens=True")
+    n = len(result.token_spans)
+    pooled, own = [], (np.full(n, np.nan) if q is not None else None)
+    for first in range(0, n, GAP_BLOCK_REQUESTS):
+        block = result.token_spans[first:first + GAP_BLOCK_REQUESTS]
+        request, times = _token_grid(block)
+        same_request = request[1:] == request[:-1]
+        gaps = np.diff(times)[same_request]
+        pooled.append(gaps)
+        if q is not None:
+            own[first:first + len(block)] = _own_percentile(request[1:][same_request], gaps, len(block), q)
+    return (np.concatenate(pooled) if pooled else np.empty(0)), own
+
+
+def itl_values(result: SimResult) -> np.ndarray:
+    """Every inter-token gap (seconds) of every request, request by request."""
+    return inter_token_gaps(result)[0]
+
+
+def request_itl_percentile(result: SimResult, q: float) -> np.ndarray:
+    """The q-th percentile of each request's own gaps (seconds); NaN for a request with no gap."""
+    return inter_token_gaps(result, q)[1]
 
 
 def per_request(result: SimResult) -> pd.DataFrame:
@@ -142,8 +158,10 @@ def per_request(result: SimResult) -> pd.DataFrame:
     })
 
 
-def good_requests(result: SimResult, slo: SLO, frame: pd.DataFrame | None = None) -> np.ndarray:
-    """Boolean mask of the requests that finished and met every bound of `slo`."""
+def good_requests(result: SimResult, slo: SLO, frame: pd.DataFrame | None = None,
+                  own_itl: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask of the requests that finished and met every bound of `slo`. `frame` and `own_itl`
+    (request_itl_percentile at slo.itl_percentile) are computed when not given."""
     frame = per_request(result) if frame is None else frame
     good = frame["finished"].to_numpy().copy()
     if slo.ttft_ms is not None:
@@ -153,7 +171,8 @@ def good_requests(result: SimResult, slo: SLO, frame: pd.DataFrame | None = None
         tpot = frame["tpot_s"].to_numpy()
         good &= (frame["output_tokens"].to_numpy() < 2) | (tpot * 1e3 <= slo.tpot_ms)
     if slo.itl_ms is not None:
-        own_itl = request_itl_percentile(result, slo.itl_percentile)
+        if own_itl is None:
+            own_itl = request_itl_percentile(result, slo.itl_percentile)
         good &= np.isnan(own_itl) | (own_itl * 1e3 <= slo.itl_ms)
     return good
 
@@ -202,22 +221,25 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict:
     }
     out.update(_latency_stats("ttft_ms", ttft))
     out.update(_latency_stats("tpot_ms", tpot))
+    gaps = own_itl = None
     if result.token_spans is not None:
-        out.update(_latency_stats("itl_ms", itl_values(result)))
+        gaps, own_itl = inter_token_gaps(result, slo.itl_percentile if slo and slo.itl_ms is not None else None)
+        out.update(_latency_stats("itl_ms", gaps))
+    elif slo is not None and slo.itl_ms is not None:
+        raise ValueError("ITL needs token times: simulate with record_tokens=True")
     out.update(_latency_stats("e2e_ms", e2e))
 
     if slo is None:
         good = finished
         holds = True
     else:
-        good = good_requests(result, slo, frame)
+        good = good_requests(result, slo, frame, own_itl)
         checks = []
         if slo.ttft_ms is not None:
             checks.append(percentile(ttft, slo.ttft_percentile) * 1e3 <= slo.ttft_ms)
         if slo.tpot_ms is not None and tpot.size:
             checks.append(percentile(tpot, slo.tpot_percentile) * 1e3 <= slo.tpot_ms)
         if slo.itl_ms is not None:
-            gaps = itl_values(result)
             if gaps.size:
                 checks.append(percentile(gaps, slo.itl_percentile) * 1e3 <= slo.itl_ms)
         holds = all(checks)

@@ -5,6 +5,7 @@ from a seeded numpy Generator, so the same spec and seed give the same trace on 
 """
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,20 +106,64 @@ def generate(spec: dict, seed: int) -> Trace:
     return Trace(arrivals, prompts, outputs)
 
 
+TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+# bounds that keep a simulation of the trace finite in time and memory (vLLM's longest contexts are ~1M)
+MAX_TRACE_TOKENS = 1 << 20
+MAX_TRACE_ROWS = 1_000_000
+
+
+def _token_count(text: str):
+    """The integer a cell holds ('12' or '12.0'), or None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) and value.is_integer() else None
+
+
 def load_trace_csv(path) -> Trace:
-    frame = pd.read_csv(Path(path))
-    missing = {"arrival_s", "prompt_tokens", "output_tokens"} - set(frame.columns)
-    if missing:
-        raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
-    for column in ("prompt_tokens", "output_tokens"):
-        if (frame[column] < 1).any():
-            bad = int(frame.loc[frame[column] < 1, column].iloc[0])
-            raise ValueError(f"trace {path}: {column} = {bad}: every request needs at least 1")
-    if (frame["arrival_s"] < 0).any():
-        raise ValueError(f"trace {path}: arrival_s must be >= 0")
-    frame = frame.sort_values("arrival_s", kind="stable")
-    return Trace(frame["arrival_s"].to_numpy(float), frame["prompt_tokens"].to_numpy(np.int64),
-                 frame["output_tokens"].to_numpy(np.int64))
+    """A trace from a CSV with a header naming at least arrival_s, prompt_tokens and output_tokens.
+    Every row is checked: a ragged row, a blank or non-numeric cell, a token count that is not an
+    integer in [1, MAX_TRACE_TOKENS], or an arrival that is not a finite time >= 0 raises ValueError
+    naming the file, the line, the column and the value."""
+    with open(Path(path), newline="") as handle:
+        rows = csv.reader(handle)
+        header = next(rows, None)
+        if header is None:
+            raise ValueError(f"trace {path}: empty file, needs a header with columns {', '.join(TRACE_COLUMNS)}")
+        header = [name.strip() for name in header]
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        if missing:
+            raise ValueError(f"trace {path}: missing columns {missing}")
+        where = {column: header.index(column) for column in TRACE_COLUMNS}
+        arrivals, prompts, outputs = [], [], []
+        for row in rows:
+            line = rows.line_num
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise ValueError(f"trace {path} line {line}: {len(row)} fields, the header has {len(header)}")
+            if len(arrivals) == MAX_TRACE_ROWS:
+                raise ValueError(f"trace {path}: more than {MAX_TRACE_ROWS:,} requests")
+            cell = row[where["arrival_s"]].strip()
+            try:
+                arrival = float(cell)
+            except ValueError:
+                arrival = math.nan
+            if not (math.isfinite(arrival) and arrival >= 0):
+                raise ValueError(f"trace {path} line {line}: arrival_s = {cell or '(blank)'}: must be a finite "
+                                 "time >= 0")
+            arrivals.append(arrival)
+            for column, out in (("prompt_tokens", prompts), ("output_tokens", outputs)):
+                cell = row[where[column]].strip()
+                tokens = _token_count(cell)
+                if tokens is None or not 1 <= tokens <= MAX_TRACE_TOKENS:
+                    raise ValueError(f"trace {path} line {line}: {column} = {cell or '(blank)'}: must be an integer in "
+                                     f"[1, {MAX_TRACE_TOKENS}]")
+                out.append(tokens)
+    order = np.argsort(np.asarray(arrivals, dtype=float), kind="stable")
+    return Trace(np.asarray(arrivals, dtype=float)[order], np.asarray(prompts, dtype=np.int64)[order],
+                 np.asarray(outputs, dtype=np.int64)[order])
 
 
 # The capstone: 600 requests at 6/s. The source gives prompt lengths only as a range, so they are

@@ -10,10 +10,9 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-RANDOM_SOURCE = "random"
+from servingplan.architecture import QUICK_CONFIG_OVERRIDES  # noqa: F401 - where loaders look for it
 
-# A GPT-2 shaped model small enough that a whole profile takes seconds: tests and CI use it.
-QUICK_CONFIG_OVERRIDES = {"n_layer": 2, "n_embd": 64, "n_head": 2}
+RANDOM_SOURCE = "random"
 
 
 def load_model(source: str, seed: int, config_overrides: dict | None = None):

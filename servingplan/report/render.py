@@ -38,6 +38,7 @@ from servingplan.costmodel import CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
 from servingplan.report import figures
+from servingplan.report.text import markdown_text
 from servingplan.workload import expected_length, generate
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "reports" / "templates"
@@ -679,7 +680,8 @@ def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = F
         figure_src={name: "data:image/png;base64," + base64.b64encode(png).decode("ascii")
                     for name, png in figure_png.items()})
     md = env.get_template(MD_TEMPLATE).render(
-        **context, output_format="md", cost_text=CostText(price, target, html=False),
+        **{**context, "title": markdown_text(context["title"])}, output_format="md",
+        cost_text=CostText(price, target, html=False),
         figure_src={name: f"{figure_dir_name}/{name}.png" for name in figure_png})
     # The templates open with macro definitions and their blocks leave blank lines behind; Markdown
     # treats any run of blank lines as one.

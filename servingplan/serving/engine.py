@@ -38,8 +38,11 @@ STEP_COLUMNS = ["step", "start_s", "duration_s", "batch", "ctx_sum", "ctx_max", 
                 "prefill_s", "decode_s", "overhead_s", "kv_moved_tokens"]
 
 
-def request_problem(prompt_tokens: int, output_tokens: int, n_positions: int) -> str | None:
+def request_problem(prompt_tokens: int, output_tokens: int, n_positions: int,
+                    arrival_s: float = 0.0) -> str | None:
     """Why the model cannot serve a request, or None if it can."""
+    if not (math.isfinite(arrival_s) and arrival_s >= 0):
+        return f"arrival_s={arrival_s}: a request needs a finite arrival time >= 0"
     if prompt_tokens < 1:
         return f"prompt_tokens={prompt_tokens}: a request needs at least one prompt token"
     if output_tokens < 1:
@@ -98,14 +101,19 @@ class _Run:
         self.output_tokens = np.asarray(trace.output_tokens, dtype=np.int64)
         self.seqs = [Seq(i, int(p), int(o))
                      for i, (p, o) in enumerate(zip(self.prompt_tokens, self.output_tokens))]
-        self.problems = {s.id: request_problem(s.prompt_len, s.output_len, config.n_positions) for s in self.seqs}
+        self.problems = {s.id: request_problem(s.prompt_len, s.output_len, config.n_positions, self.arrivals[s.id])
+                         for s in self.seqs}
+        # a refused request arrives (and is turned away) at once: a NaN time would never come due
+        self.arrivals_due = np.where([self.problems[i] is None for i in range(n)], self.arrivals, 0.0)
         self.scheduler = Scheduler(engine.policy, engine.max_num_seqs, engine.chunk_size,
                                    BlockManager(engine.kv_blocks, engine.block_size))
         rng = np.random.default_rng(seed)
-        # per request: its prompt ids, then room for the generated ids, written as they come
+        # per request: its prompt ids, then room for the generated ids, written as they come; nothing
+        # for a refused request, whose sizes may be anything
         self.token_ids = [
-            torch.from_numpy(np.concatenate([rng.integers(config.vocab_size, size=max(s.prompt_len, 0)),
-                                             np.zeros(max(s.output_len, 0), dtype=np.int64)]))
+            torch.from_numpy(np.concatenate([rng.integers(config.vocab_size, size=s.prompt_len),
+                                             np.zeros(s.output_len, dtype=np.int64)]))
+            if self.problems[s.id] is None else torch.zeros(0, dtype=torch.long)
             for s in self.seqs]
         # the last generated token is never fed back, so its KV entry is never stored
         longest = max((s.prompt_len + s.output_len - 1 for s in self.seqs if self.problems[s.id] is None),
@@ -133,7 +141,7 @@ class _Run:
         n, next_arrival, truncated = len(self.seqs), 0, False
         while True:
             now = self._clock()
-            while next_arrival < n and self.arrivals[next_arrival] <= now:
+            while next_arrival < n and self.arrivals_due[next_arrival] <= now:
                 self._arrive(self.seqs[next_arrival])
                 next_arrival += 1
             if now >= self.max_wall_s:
@@ -146,7 +154,7 @@ class _Run:
             if step is None or step.empty:
                 if next_arrival >= n:
                     break
-                time.sleep(max(0.0, min(self.arrivals[next_arrival], self.max_wall_s) - self._clock()))
+                time.sleep(max(0.0, min(self.arrivals_due[next_arrival], self.max_wall_s) - self._clock()))
                 continue
             self._run_step(step, now)
         return self._outcome(truncated)
@@ -170,7 +178,7 @@ class _Run:
         if problem is not None:
             self.rejected[seq.id] = True
             self.errors[seq.id] = problem
-        self.queue_times.append(float(self.arrivals[seq.id]))
+        self.queue_times.append(float(self.arrivals_due[seq.id]))
         self.queue_waiting.append(len(self.scheduler.waiting))
 
     def _run_step(self, step, start: float) -> None:
@@ -271,6 +279,6 @@ class _Run:
                   "kv_pool_bytes": int(self.pool.keys.nbytes + self.pool.values.nbytes),
                   "unfinished": [s.id for s in self.seqs if not s.finished and s.id not in self.errors]},
         )
-        prompts = [self.token_ids[s.id][:max(s.prompt_len, 0)].tolist() for s in self.seqs]
+        prompts = [self.token_ids[s.id][:s.prompt_len].tolist() for s in self.seqs]
         tokens = [self.token_ids[s.id][s.prompt_len:s.prompt_len + s.generated].tolist() for s in self.seqs]
         return EngineRun(result, steps, prompts, tokens, dict(self.errors))
