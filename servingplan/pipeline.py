@@ -9,14 +9,25 @@ from pathlib import Path
 
 from servingplan.config import ConfigError
 
+_terminal = None
+
+
+def terminal():
+    """Where a long stage reports its progress: the terminal snakemake runs in, while everything else
+    the stage prints goes to its log (outside a stage: stderr)."""
+    return _terminal or sys.stderr
+
 
 def run_stage(snakemake, main) -> None:
     """Call main(snakemake) with stdout/stderr in the rule's log, bracketed by wall-clock stamps that
     the report adds up into the pipeline's wall time. Outputs are written atomically by the stage, so
-    a failure leaves none behind; it exits 1 with one line naming the rule and the reason."""
+    a failure leaves none behind; it exits 1 with one line naming the rule, the exception and its
+    message (the traceback is in the log)."""
+    global _terminal
     log_path = Path(snakemake.log[0])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     real_stderr = sys.stderr
+    _terminal = real_stderr
     with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         print(f"started_unix {time.time():.3f}", flush=True)
         try:
@@ -25,9 +36,10 @@ def run_stage(snakemake, main) -> None:
             traceback.print_exc()
             print(f"{snakemake.rule}: {exc}", file=real_stderr)
             raise SystemExit(1)
-        except Exception:
+        except Exception as exc:
             traceback.print_exc()
-            print(f"{snakemake.rule}: failed, see {log_path}", file=real_stderr)
+            message = " ".join(str(exc).split()) or "no message"
+            print(f"{snakemake.rule}: {type(exc).__name__}: {message} (traceback in {log_path})", file=real_stderr)
             raise SystemExit(1)
         print(f"finished_unix {time.time():.3f}", flush=True)
 

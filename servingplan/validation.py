@@ -29,6 +29,7 @@ import torch
 
 from servingplan.capacity import Criterion, capacity
 from servingplan.metrics import SLO
+from servingplan.pipeline import terminal
 from servingplan.planner import kv_blocks
 from servingplan.profiling.machine import roofline_probes
 from servingplan.profiling.measure import (GridPoint, build_grid, decode_lengths, point_call, pool_for,
@@ -162,6 +163,7 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
                      sweep["horizon_factor"])
     stable_rps = found["capacity_rps"]
 
+    print("validate: timing engine steps against profile points of the same shape", file=terminal(), flush=True)
     probe = SpeedProbe(model, profile_meta, seed)
     checked = path_check(model, profile_meta, seed, threads=threads)
     tables, pairs, steps, traces = [], [], [], []
@@ -176,6 +178,8 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
         if remaining <= 0:
             traces.append({**label, "requests": len(trace), "skipped": True})
             continue
+        print(f"validate: trace {number} of {len(validation['rates_fraction'])}: {len(trace)} requests at "
+              f"{rate:.3g} req/s ({fraction:g} x capacity), served in real time", file=terminal(), flush=True)
         measured, step_frame = replay(trace, model, policy, cap, chunk, blocks, memory["block_size"],
                                       max_wall_s=remaining, seed=seed, threads=threads)
         after = probe.measure(f"after trace {number}")

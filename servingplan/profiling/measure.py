@@ -68,6 +68,7 @@ import torch
 from tqdm import tqdm
 
 from servingplan.io import write_csv, write_json
+from servingplan.pipeline import terminal
 from servingplan.profiling import machine
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, RANDOM_SOURCE, load_model
 from servingplan.serving.kvpool import KVPool, configure_allocator, decode_step, prefill_call, prefill_step
@@ -303,8 +304,8 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                          settings, started)
     sample_rows = []
     rounds = settings["rounds"]
-    with torch.inference_mode(), tqdm(total=rounds * len(grid), desc="profile", unit="pt", file=sys.stderr,
-                                      disable=not progress) as bar:
+    with torch.inference_mode(), tqdm(total=rounds * len(grid), desc="profile", unit="pt", file=terminal(),
+                                      disable=not progress, mininterval=5.0) as bar:
         for round_number in range(rounds):
             # A shuffled order per round turns slow drifts of the machine into noise spread over the
             # grid instead of a trend along one axis that the fit would mistake for cost.
