@@ -1,4 +1,5 @@
 """The real pipeline, end to end, on the quick configuration, in a scratch copy of the repository."""
+import json
 import shutil
 import subprocess
 import sys
@@ -94,3 +95,27 @@ def test_bad_config_stops_before_any_work_with_one_line(pipeline):
     assert proc.returncode != 0
     lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "config error" in l]
     assert lines == ["config error: sweep.caps[1] = -2: must be >= 1"]
+
+
+def test_the_quick_profile_measures_the_configs_grid_on_the_tiny_model(pipeline):
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    [machine_json] = pipeline.glob("results/profile/*/machine.json")
+    machine = json.loads(machine_json.read_text())
+    for key in ("prefill_lengths", "prefill_batches", "decode_batches", "decode_contexts", "point_budget_s",
+                "min_repeats", "max_repeats", "probe_bytes", "gemm_size"):
+        assert machine["settings"][key] == config["profile"][key], key
+    assert machine["settings"]["tiny"] and not machine["settings"]["quick"]
+    assert machine["model"]["n_layer"] == 2
+
+
+def test_a_budget_below_the_weights_stops_before_any_work_with_one_line(pipeline):
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    config["memory"]["budget_gb"] = 0.0001
+    (pipeline / "config" / "tight.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = snakemake(pipeline, configfile="config/tight.yaml", check=False)
+    assert proc.returncode != 0
+    lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "config error" in l]
+    assert len(lines) == 1
+    assert lines[0].startswith("config error: memory.budget_gb = 0.0001: must hold the weights of the tiny "
+                               "2-layer GPT-2")
+    assert "Traceback" not in proc.stdout + proc.stderr
