@@ -28,9 +28,10 @@ PERCENTILES = (50, 90, 95, 99)
 class SLO:
     """Latency targets; a metric whose bound is None is not constrained.
 
-    A request is good when its TTFT <= ttft_ms, its TPOT <= tpot_ms, and the itl_percentile-th
-    percentile of its own inter-token gaps <= itl_ms. The aggregate SLO holds when, for each bound,
-    the given percentile of the metric over the run is within it (for ITL: over all gaps).
+    A request is good when its TTFT <= ttft_ms, its TPOT <= tpot_ms, the itl_percentile-th
+    percentile of its own inter-token gaps <= itl_ms, and its E2E latency <= e2el_ms. The aggregate
+    SLO holds when, for each bound, the given percentile of the metric over the run is within it (for
+    ITL: over all gaps).
     """
     ttft_ms: float | None = None
     ttft_percentile: float = 95.0
@@ -38,6 +39,8 @@ class SLO:
     tpot_percentile: float = 95.0
     itl_ms: float | None = None
     itl_percentile: float = 99.0
+    e2el_ms: float | None = None
+    e2el_percentile: float = 95.0
 
     def __post_init__(self):
         for f in fields(self):
@@ -178,6 +181,8 @@ def good_requests(result: SimResult, slo: SLO, frame: pd.DataFrame | None = None
         if own_itl is None:
             own_itl = request_itl_percentile(result, slo.itl_percentile)
         good &= np.isnan(own_itl) | (own_itl * 1e3 <= slo.itl_ms)
+    if slo.e2el_ms is not None:
+        good &= frame["e2e_s"].to_numpy() * 1e3 <= slo.e2el_ms
     return good
 
 
@@ -252,6 +257,8 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict:
             if gaps.size:
                 # sorted in place by the ITL statistics above
                 checks.append(_sorted_percentile(gaps, slo.itl_percentile) * 1e3 <= slo.itl_ms)
+        if slo.e2el_ms is not None:
+            checks.append(percentile(e2e, slo.e2el_percentile) * 1e3 <= slo.e2el_ms)
         holds = all(checks)
     out.update({
         "good": int(good.sum()),
