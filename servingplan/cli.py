@@ -45,6 +45,7 @@ GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_METRIC_PERCENTILES = [99.0]
 DEFAULT_RESULT_FILENAME = "serving_sim.json"
+TRACE_FIELDS = ("arrival", "prompt_tokens", "output_tokens")
 
 
 class UsageError(Exception):
@@ -126,6 +127,17 @@ def goodput_bound(text: str) -> tuple[str, float]:
     return key, bounded_float(MAX_LATENCY_MS)(value)
 
 
+def column_mapping(text: str) -> dict:
+    """--trace-columns arrival=TIMESTAMP,prompt_tokens=ContextTokens,output_tokens=GeneratedTokens"""
+    mapping = {}
+    for item in text.split(","):
+        key, equals, name = item.partition("=")
+        if not equals or key.strip() not in TRACE_FIELDS or not name.strip():
+            raise argparse.ArgumentTypeError(f"{item!r}: must be FIELD=COLUMN with FIELD one of {', '.join(TRACE_FIELDS)}")
+        mapping[key.strip()] = name.strip()
+    return mapping
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog=PROG, description="Simulate LLM serving policies on a workload and report "
                        "TTFT/TPOT/ITL percentiles, throughput and goodput (mean over seeds).")
@@ -141,6 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default="exercise2",
                    help=f"preset ({', '.join(workload.PRESETS)}) or trace CSV with columns arrival_s, "
                         "prompt_tokens, output_tokens (default exercise2)")
+    p.add_argument("--trace", help="replay a trace file (CSV, or JSONL as .jsonl/.ndjson) instead of --workload; "
+                                   "rows with 0 tokens are skipped and counted")
+    p.add_argument("--trace-layout", choices=list(workload.TRACE_LAYOUTS), default="servingplan",
+                   help="column names and timestamp kind of --trace: servingplan (arrival_s, prompt_tokens, "
+                        "output_tokens), azure (Azure LLM inference: TIMESTAMP, ContextTokens, GeneratedTokens), "
+                        "burstgpt (Timestamp, Request tokens, Response tokens)")
+    p.add_argument("--trace-columns", type=column_mapping,
+                   help="override the layout's column names: arrival=...,prompt_tokens=...,output_tokens=...")
+    p.add_argument("--trace-timestamps", choices=list(workload.TIMESTAMP_KINDS),
+                   help="arrival column holds seconds or ISO 8601 datetimes (default: the layout's)")
     p.add_argument("--cost-model", default="exercise2",
                    help=f"preset ({', '.join(costmodel.PRESETS)}) or cost-model JSON (default exercise2)")
     p.add_argument("--chunk-size", type=bounded_int(MAX_TOKENS), default=512,
@@ -191,8 +213,10 @@ def load_cost_model(spec: str) -> costmodel.CostModel:
 
 
 def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
-    """(seed, rate, trace) for every seed and rate; a trace CSV is one fixed trace, so one seed."""
+    """(seed, rate, trace) for every seed and rate; a trace file is one fixed trace, so one seed."""
     rates = args.sweep_rate or ([args.rate] if args.rate else [])
+    if args.trace:
+        return _file_traces(args, rates)
     if args.workload in workload.PRESETS:
         spec = dict(workload.PRESETS[args.workload])
         if args.num_requests:
@@ -227,6 +251,38 @@ def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
         raise UsageError(f"--workload {args.workload!r}: all arrivals at time 0, so --rate cannot rescale it")
     if len(trace) * len(rates) > MAX_TRACE_REQUESTS:
         raise UsageError(f"--workload {args.workload!r}: {len(trace):,} requests x {len(rates)} rates: at most "
+                         f"{MAX_TRACE_REQUESTS:,} requests allowed")
+    return [(0, rate, trace.with_rate(rate)) for rate in rates]
+
+
+def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
+    """--trace: the file's requests at their own pace (rate = requests / span) or rescaled to each rate."""
+    if args.workload != "exercise2":
+        raise UsageError(f"--trace and --workload {args.workload!r} both name the traffic: give one")
+    if args.seeds is not None or args.seed is not None:
+        raise UsageError(f"--seeds/--seed with --trace {args.trace!r}: a trace file is one fixed trace; "
+                         "seeds draw the presets' synthetic traces only")
+    if not Path(args.trace).is_file():
+        raise UsageError(f"--trace {args.trace!r}: no such file")
+    try:
+        loaded = workload.load_trace(args.trace, args.trace_layout, args.trace_columns, args.trace_timestamps)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--trace {args.trace!r}: {_reason(exc)}") from None
+    trace = loaded.trace
+    if args.num_requests:
+        trace = workload.Trace(trace.arrival_s[:args.num_requests], trace.prompt_tokens[:args.num_requests],
+                               trace.output_tokens[:args.num_requests])
+    args.trace_summary = {"path": args.trace, "layout": loaded.layout, "rows": loaded.rows,
+                          "skipped_zero_token_rows": loaded.skipped_zero_tokens, "requests": len(trace)}
+    if len(trace) == 0:
+        raise UsageError(f"--trace {args.trace!r}: no request left ({loaded.rows} rows, "
+                         f"{loaded.skipped_zero_tokens} with 0 tokens skipped)")
+    if not rates:
+        return [(0, len(trace) / trace.duration_s if trace.duration_s > 0 else math.inf, trace)]
+    if trace.duration_s <= 0:
+        raise UsageError(f"--trace {args.trace!r}: all arrivals at one time, so --rate cannot rescale it")
+    if len(trace) * len(rates) > MAX_TRACE_REQUESTS:
+        raise UsageError(f"--trace {args.trace!r}: {len(trace):,} requests x {len(rates)} rates: at most "
                          f"{MAX_TRACE_REQUESTS:,} requests allowed")
     return [(0, rate, trace.with_rate(rate)) for rate in rates]
 
@@ -432,6 +488,7 @@ def main(argv=None) -> int:
             "num_prompts": args.num_requests, "seeds": seeds_from(args) if args.workload in workload.PRESETS else [0],
             "metric_percentiles": args.metric_percentiles or DEFAULT_METRIC_PERCENTILES,
             "slo": {k: v for k, v in vars(slo).items() if v is not None},
+            "trace": getattr(args, "trace_summary", None),
             "results": [{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows]})
     if args.json:
         # JSON has no infinity (a trace whose requests all arrive at once has an infinite rate)
@@ -439,4 +496,9 @@ def main(argv=None) -> int:
                           for row in rows], indent=1))
     else:
         print(format_table(rows, slo))
+        summary = getattr(args, "trace_summary", None)
+        if summary:
+            print(f"Trace {summary['path']} ({summary['layout']} layout): {summary['rows']} rows, "
+                  f"{summary['skipped_zero_token_rows']} with 0 tokens skipped, {summary['requests']} requests "
+                  "simulated")
     return 0
