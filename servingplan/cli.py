@@ -14,8 +14,12 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from servingplan import costmodel, workload
-from servingplan.metrics import SLO, aggregate_seeds, finite_or_none, summarize
+from servingplan.io import write_json
+from servingplan.metrics import (SLO, aggregate_seeds, finite_or_none, itl_values, per_request, percentile,
+                                 summarize)
 from servingplan.sim import POLICIES, simulate
 
 PROG = "serving_sim"
@@ -35,6 +39,13 @@ MAX_NUM_REQUESTS = workload.MAX_TRACE_ROWS
 MAX_LATENCY_MS = 1e9
 # requests held in memory at once: every (seed, rate) trace is drawn before the first cell runs
 MAX_TRACE_REQUESTS = 10_000_000
+DEFAULT_SEEDS = 5
+# vLLM's benchmark names (benchmarks/serve.py): goodput bounds, metrics and the percentile default
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
+DEFAULT_METRIC_PERCENTILES = [99.0]
+DEFAULT_RESULT_FILENAME = "serving_sim.json"
+TRACE_FIELDS = ("arrival", "prompt_tokens", "output_tokens")
 
 
 class UsageError(Exception):
@@ -108,13 +119,33 @@ def seed_list(text: str) -> list[int]:
     return list_of(lambda s: _number(s, int, "an integer seed", 0, inclusive=True, maximum=MAX_SEED))(text)
 
 
+def goodput_bound(text: str) -> tuple[str, float]:
+    """One vLLM --goodput item, KEY:MILLISECONDS with KEY ttft, tpot or e2el."""
+    key, colon, value = text.partition(":")
+    if not colon or key not in GOODPUT_KEYS:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be KEY:MS with KEY one of {', '.join(GOODPUT_KEYS)}")
+    return key, bounded_float(MAX_LATENCY_MS)(value)
+
+
+def column_mapping(text: str) -> dict:
+    """--trace-columns arrival=TIMESTAMP,prompt_tokens=ContextTokens,output_tokens=GeneratedTokens"""
+    mapping = {}
+    for item in text.split(","):
+        key, equals, name = item.partition("=")
+        if not equals or key.strip() not in TRACE_FIELDS or not name.strip():
+            raise argparse.ArgumentTypeError(f"{item!r}: must be FIELD=COLUMN with FIELD one of {', '.join(TRACE_FIELDS)}")
+        mapping[key.strip()] = name.strip()
+    return mapping
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog=PROG, description="Simulate LLM serving policies on a workload and report "
                        "TTFT/TPOT/ITL percentiles, throughput and goodput (mean over seeds).")
     p.add_argument("--policies", type=list_of(policy_name), action="append",
                    help=f"policies, comma-separated or repeated; allowed: {', '.join(POLICIES)} "
                         "(default continuous_chunked)")
-    p.add_argument("--rate", type=arrival_rate, help="arrival rate, requests/s (default: the workload's)")
+    p.add_argument("--rate", "--request-rate", dest="rate", type=arrival_rate,
+                   help="arrival rate, requests/s (default: the workload's)")
     p.add_argument("--sweep-rate", type=list_of(arrival_rate), help="comma-separated arrival rates")
     p.add_argument("--max-num-seqs", type=sequence_cap, default=DEFAULT_CAP,
                    help=f"cap on running sequences when --sweep-batch is not given (default {DEFAULT_CAP})")
@@ -122,13 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default="exercise2",
                    help=f"preset ({', '.join(workload.PRESETS)}) or trace CSV with columns arrival_s, "
                         "prompt_tokens, output_tokens (default exercise2)")
+    p.add_argument("--trace", help="replay a trace file (CSV, or JSONL as .jsonl/.ndjson) instead of --workload; "
+                                   "rows with 0 tokens are skipped and counted")
+    p.add_argument("--trace-layout", choices=list(workload.TRACE_LAYOUTS), default="servingplan",
+                   help="column names and timestamp kind of --trace: servingplan (arrival_s, prompt_tokens, "
+                        "output_tokens), azure (Azure LLM inference: TIMESTAMP, ContextTokens, GeneratedTokens), "
+                        "burstgpt (Timestamp, Request tokens, Response tokens)")
+    p.add_argument("--trace-columns", type=column_mapping,
+                   help="override the layout's column names: arrival=...,prompt_tokens=...,output_tokens=...")
+    p.add_argument("--trace-timestamps", choices=list(workload.TIMESTAMP_KINDS),
+                   help="arrival column holds seconds or ISO 8601 datetimes (default: the layout's)")
     p.add_argument("--cost-model", default="exercise2",
                    help=f"preset ({', '.join(costmodel.PRESETS)}) or cost-model JSON (default exercise2)")
     p.add_argument("--chunk-size", type=bounded_int(MAX_TOKENS), default=512,
                    help="prompt tokens per step, chunked policy")
-    p.add_argument("--seeds", type=seed_list, default=list(range(5)),
-                   help="number of seeds (N means 0..N-1) or a comma-separated list of seeds (default 5)")
-    p.add_argument("--num-requests", type=bounded_int(MAX_NUM_REQUESTS),
+    p.add_argument("--seeds", type=seed_list,
+                   help=f"number of seeds (N means 0..N-1) or a comma-separated list of exactly the seeds to run "
+                        f"(default {DEFAULT_SEEDS})")
+    p.add_argument("--seed", type=lambda s: _number(s, int, "an integer seed", 0, inclusive=True, maximum=MAX_SEED),
+                   help="run exactly this one seed (instead of --seeds)")
+    p.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=bounded_int(MAX_NUM_REQUESTS),
                    help="requests per trace (default: the workload's)")
     p.add_argument("--slo-ttft-ms", type=bounded_float(MAX_LATENCY_MS), help="TTFT bound, ms")
     p.add_argument("--slo-ttft-pct", type=percentile_value, default=95.0, help="TTFT percentile (default 95)")
@@ -143,6 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--curve-context", type=bounded_int(MAX_TOKENS), default=2000,
                    help="per-sequence context of --print-curve (default 2000)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    p.add_argument("--goodput", nargs="+", type=goodput_bound, metavar="KEY:MS",
+                   help="vLLM's per-request goodput bounds, e.g. ttft:2000 tpot:12 e2el:30000 (ms); ttft and "
+                        "tpot are the same bounds as --slo-ttft-ms and --slo-tpot-ms")
+    p.add_argument("--metric-percentiles", type=list_of(percentile_value),
+                   help="comma-separated percentiles of the vLLM-named keys p<q>_<metric>_ms (default 99)")
+    p.add_argument("--save-result", action="store_true",
+                   help="also write the rows, with vLLM's result keys, as JSON into --result-dir")
+    p.add_argument("--result-dir", default=".", help="directory of --save-result (default: here)")
+    p.add_argument("--result-filename", default=DEFAULT_RESULT_FILENAME,
+                   help=f"file name of --save-result (default {DEFAULT_RESULT_FILENAME})")
+    p.add_argument("--save-detailed", action="store_true",
+                   help="with --save-result: add every request's lengths, TTFT, TPOT, E2E, ITLs and error")
     return p
 
 
@@ -157,22 +213,28 @@ def load_cost_model(spec: str) -> costmodel.CostModel:
 
 
 def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
-    """(seed, rate, trace) for every seed and rate; a trace CSV is one fixed trace, so one seed."""
+    """(seed, rate, trace) for every seed and rate; a trace file is one fixed trace, so one seed."""
     rates = args.sweep_rate or ([args.rate] if args.rate else [])
+    if args.trace:
+        return _file_traces(args, rates)
     if args.workload in workload.PRESETS:
         spec = dict(workload.PRESETS[args.workload])
         if args.num_requests:
             spec["num_requests"] = args.num_requests
         rates = rates or [float(spec["rate"])]
-        held = spec["num_requests"] * len(args.seeds) * len(rates)
+        seeds = seeds_from(args)
+        held = spec["num_requests"] * len(seeds) * len(rates)
         if held > MAX_TRACE_REQUESTS:
-            raise UsageError(f"--num-requests x seeds x rates = {spec['num_requests']} x {len(args.seeds)} x "
+            raise UsageError(f"--num-requests x seeds x rates = {spec['num_requests']} x {len(seeds)} x "
                              f"{len(rates)} = {held:,} requests: at most {MAX_TRACE_REQUESTS:,} allowed")
         return [(seed, rate, workload.generate({**spec, "rate": rate}, seed))
-                for rate in rates for seed in args.seeds]
+                for rate in rates for seed in seeds]
     if not Path(args.workload).is_file():
         raise UsageError(f"--workload {args.workload!r}: no such preset or file; allowed: a preset "
                          f"({', '.join(workload.PRESETS)}) or a trace CSV")
+    if args.seeds is not None or args.seed is not None:
+        raise UsageError(f"--seeds/--seed with --workload {args.workload!r}: a trace file is one fixed trace; "
+                         "seeds draw the presets' synthetic traces only")
     try:
         trace = workload.load_trace_csv(args.workload)
     except (ValueError, KeyError, OSError) as exc:
@@ -193,35 +255,141 @@ def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
     return [(0, rate, trace.with_rate(rate)) for rate in rates]
 
 
+def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
+    """--trace: the file's requests at their own pace (rate = requests / span) or rescaled to each rate."""
+    if args.workload != "exercise2":
+        raise UsageError(f"--trace and --workload {args.workload!r} both name the traffic: give one")
+    if args.seeds is not None or args.seed is not None:
+        raise UsageError(f"--seeds/--seed with --trace {args.trace!r}: a trace file is one fixed trace; "
+                         "seeds draw the presets' synthetic traces only")
+    if not Path(args.trace).is_file():
+        raise UsageError(f"--trace {args.trace!r}: no such file")
+    try:
+        loaded = workload.load_trace(args.trace, args.trace_layout, args.trace_columns, args.trace_timestamps)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--trace {args.trace!r}: {_reason(exc)}") from None
+    trace = loaded.trace
+    if args.num_requests:
+        trace = workload.Trace(trace.arrival_s[:args.num_requests], trace.prompt_tokens[:args.num_requests],
+                               trace.output_tokens[:args.num_requests])
+    args.trace_summary = {"path": args.trace, "layout": loaded.layout, "rows": loaded.rows,
+                          "skipped_zero_token_rows": loaded.skipped_zero_tokens, "requests": len(trace)}
+    if len(trace) == 0:
+        raise UsageError(f"--trace {args.trace!r}: no request left ({loaded.rows} rows, "
+                         f"{loaded.skipped_zero_tokens} with 0 tokens skipped)")
+    if not rates:
+        return [(0, len(trace) / trace.duration_s if trace.duration_s > 0 else math.inf, trace)]
+    if trace.duration_s <= 0:
+        raise UsageError(f"--trace {args.trace!r}: all arrivals at one time, so --rate cannot rescale it")
+    if len(trace) * len(rates) > MAX_TRACE_REQUESTS:
+        raise UsageError(f"--trace {args.trace!r}: {len(trace):,} requests x {len(rates)} rates: at most "
+                         f"{MAX_TRACE_REQUESTS:,} requests allowed")
+    return [(0, rate, trace.with_rate(rate)) for rate in rates]
+
+
 def _reason(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def seeds_from(args) -> list[int]:
+    if args.seed is not None and args.seeds is not None:
+        raise UsageError(f"--seed {args.seed} and --seeds both choose seeds: give one")
+    if args.seed is not None:
+        return [args.seed]
+    return args.seeds if args.seeds is not None else list(range(DEFAULT_SEEDS))
+
+
 def slo_from(args) -> SLO:
-    return SLO(ttft_ms=args.slo_ttft_ms, ttft_percentile=args.slo_ttft_pct,
-               tpot_ms=args.slo_tpot_ms, tpot_percentile=args.slo_tpot_pct,
-               itl_ms=args.slo_itl_ms, itl_percentile=args.slo_itl_pct)
+    goodput = {}
+    for key, bound in args.goodput or []:
+        if key in goodput:
+            raise UsageError(f"--goodput {key}: given twice")
+        goodput[key] = bound
+    for key, bound in (("ttft", args.slo_ttft_ms), ("tpot", args.slo_tpot_ms)):
+        if key in goodput and bound is not None:
+            raise UsageError(f"--goodput {key}:{goodput[key]:g} and --slo-{key}-ms {bound:g} both bound {key.upper()}: "
+                             "give one")
+    return SLO(ttft_ms=goodput.get("ttft", args.slo_ttft_ms), ttft_percentile=args.slo_ttft_pct,
+               tpot_ms=goodput.get("tpot", args.slo_tpot_ms), tpot_percentile=args.slo_tpot_pct,
+               itl_ms=args.slo_itl_ms, itl_percentile=args.slo_itl_pct, e2el_ms=goodput.get("e2el"))
 
 
-def run_cells(args, cost, traces, slo) -> list[dict]:
-    """One row per (policy, cap, rate): the mean over seeds of each summary figure."""
+def percentile_word(q: float) -> str:
+    """vLLM's spelling of a percentile in a key: 99 -> '99', 99.9 -> '99.9'."""
+    return str(int(q)) if int(q) == q else str(q)
+
+
+def vllm_figures(result, summary: dict, percentiles) -> dict:
+    """One run's figures under vLLM's result keys. Unfinished requests count as infinitely late, so
+    a run that did not keep up shows no latency statistic and no goodput (None)."""
+    frame = per_request(result)
+    finished = frame["finished"].to_numpy()
+    n_in, n_out = frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy()
+    duration = summary["duration_s"]
+    stable = summary["stable"]
+    completed = int(finished.sum())
+    out = {"completed": completed, "total_input_tokens": int(n_in[finished].sum()),
+           "total_output_tokens": int(n_out[finished].sum()), "duration": duration,
+           "request_throughput": completed / duration if duration > 0 else None,
+           "output_throughput": summary["throughput_tok_s"],
+           "total_token_throughput": (int(n_in[finished].sum()) + int(n_out[finished].sum())) / duration
+           if duration > 0 else None,
+           "request_goodput": summary["goodput_rps"] if stable else None}
+    series = {"ttft": np.where(np.isnan(frame["ttft_s"]), math.inf, frame["ttft_s"]),
+              "tpot": np.where(finished, frame["tpot_s"], math.inf)[n_out >= 2],
+              "itl": itl_values(result),
+              "e2el": np.where(finished, frame["e2e_s"], math.inf)}
+    for name, values in series.items():
+        defined = stable and values.size > 0
+        ms = values * 1e3
+        out[f"mean_{name}_ms"] = finite_or_none(np.mean(ms)) if defined else None
+        out[f"median_{name}_ms"] = finite_or_none(percentile(ms, 50)) if defined else None
+        out[f"std_{name}_ms"] = finite_or_none(np.std(ms)) if defined else None
+        for q in percentiles:
+            out[f"p{percentile_word(q)}_{name}_ms"] = finite_or_none(percentile(ms, q)) if defined else None
+    return out
+
+
+def detailed(seed: int, result) -> dict:
+    """Every request of one run, as vLLM's --save-detailed lists them (seconds; None = never reached)."""
+    frame = per_request(result)
+    errors = ["does not fit in the KV cache" if rejected else "" if done else "unfinished"
+              for rejected, done in zip(frame["rejected"], frame["finished"])]
+    times = result.token_spans
+    return {"seed": seed, "input_lens": frame["prompt_tokens"].tolist(), "output_lens": frame["output_tokens"].tolist(),
+            "ttfts": [finite_or_none(v) for v in frame["ttft_s"]], "tpots": [finite_or_none(v) for v in frame["tpot_s"]],
+            "e2els": [finite_or_none(v) for v in frame["e2e_s"]],
+            "itls": [np.diff(result.token_times(i)).tolist() for i in range(len(times))], "errors": errors}
+
+
+def run_cells(args, cost, traces, slo, vllm_keys: bool = False) -> list[dict]:
+    """One row per (policy, cap, rate): the mean over seeds of each summary figure, and with
+    `vllm_keys` the same under vLLM's result names (plus `detailed` per seed with --save-detailed)."""
     policies = [p for group in (args.policies or [["continuous_chunked"]]) for p in group]
     caps = args.sweep_batch or [args.max_num_seqs]
     rates = sorted({rate for _, rate, _ in traces})
-    record_tokens = slo.itl_ms is not None
+    record_tokens = slo.itl_ms is not None or vllm_keys
+    percentiles = args.metric_percentiles or DEFAULT_METRIC_PERCENTILES
     rows = []
     for policy in dict.fromkeys(policies):
         for cap in caps:
             for rate in rates:
-                summaries = [summarize(simulate(trace, cost, policy, cap, args.chunk_size,
-                                                kv_blocks=args.kv_blocks, block_size=args.block_size,
-                                                record_tokens=record_tokens), slo)
-                             for _, r, trace in traces if r == rate]
+                summaries, figures, details = [], [], []
+                for seed, r, trace in traces:
+                    if r != rate:
+                        continue
+                    result = simulate(trace, cost, policy, cap, args.chunk_size, kv_blocks=args.kv_blocks,
+                                      block_size=args.block_size, record_tokens=record_tokens)
+                    summaries.append(summarize(result, slo))
+                    if vllm_keys:
+                        figures.append(vllm_figures(result, summaries[-1], percentiles))
+                    if args.save_detailed:
+                        details.append(detailed(seed, result))
                 agg = aggregate_seeds(summaries)
                 row = {"policy": policy, "max_num_seqs": cap, "rate": rate, "seeds": agg["seeds"],
                        "stable": agg["stable_min"] == 1.0, "stable_share": agg["stable_mean"],
                        "slo_holds_share": agg["slo_holds_mean"]}
-                metrics = ["ttft_ms", "tpot_ms"] + (["itl_ms"] if record_tokens else [])
+                metrics = ["ttft_ms", "tpot_ms"] + (["itl_ms"] if slo.itl_ms is not None else [])
                 for metric in metrics:
                     for q in REPORTED_PERCENTILES:
                         row[f"{metric}_p{q}"] = agg[f"{metric}_p{q}_mean"]
@@ -229,6 +397,11 @@ def run_cells(args, cost, traces, slo) -> list[dict]:
                     row[key] = agg[f"{key}_mean"]
                 row["goodput_rps_std"] = agg["goodput_rps_std"]
                 row["peak_running"] = int(agg["peak_running_max"])
+                if vllm_keys:
+                    means = aggregate_seeds(figures)
+                    row.update({key: means[f"{key}_mean"] for key in figures[0]})
+                if details:
+                    row["detailed"] = details
                 rows.append(row)
     return rows
 
@@ -266,10 +439,13 @@ def format_table(rows: list[dict], slo: SLO) -> str:
     lines.append(f"SLO: {describe_slo(slo)}. Latencies and goodput are means over seeds; "
                  "inf = the percentile falls among unfinished requests; peak_run = most sequences "
                  "running at once (any seed).")
-    if rows:
-        best = max(rows, key=lambda r: r["goodput_rps"] or 0.0)
-        lines.append(f"Highest goodput: {best['policy']} cap {best['max_num_seqs']} at rate {best['rate']:g} "
-                     f"-> {_fmt(best['goodput_rps'], 2)} good requests/s")
+    stable = [r for r in rows if r["stable"]]
+    if stable:
+        best = max(stable, key=lambda r: r["goodput_rps"] or 0.0)
+        lines.append(f"Highest goodput (stable in every seed): {best['policy']} cap {best['max_num_seqs']} at rate "
+                     f"{best['rate']:g} -> {_fmt(best['goodput_rps'], 2)} good requests/s")
+    elif rows:
+        lines.append("Highest goodput: none, no configuration kept up in every seed (its queue grows)")
     return "\n".join(lines)
 
 
@@ -296,14 +472,33 @@ def main(argv=None) -> int:
             print(format_curve(cost, args.curve_context))
             return 0
         slo = slo_from(args)
-        rows = run_cells(args, cost, load_traces(args), slo)
+        if args.save_detailed and not args.save_result:
+            raise UsageError("--save-detailed: needs --save-result")
+        result_path = Path(args.result_dir) / args.result_filename
+        if args.save_result and (result_path.is_dir() or Path(args.result_dir).is_file()):
+            raise UsageError(f"--result-dir {args.result_dir!r} / --result-filename {args.result_filename!r}: "
+                             "must name a file in a directory")
+        rows = run_cells(args, cost, load_traces(args), slo, vllm_keys=args.json or args.save_result)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    if args.save_result:
+        write_json(result_path, {
+            "backend": "servingplan-sim", "cost_model": cost.name, "workload": args.workload,
+            "num_prompts": args.num_requests, "seeds": seeds_from(args) if args.workload in workload.PRESETS else [0],
+            "metric_percentiles": args.metric_percentiles or DEFAULT_METRIC_PERCENTILES,
+            "slo": {k: v for k, v in vars(slo).items() if v is not None},
+            "trace": getattr(args, "trace_summary", None),
+            "results": [{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows]})
     if args.json:
         # JSON has no infinity (a trace whose requests all arrive at once has an infinite rate)
         print(json.dumps([{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()}
                           for row in rows], indent=1))
     else:
         print(format_table(rows, slo))
+        summary = getattr(args, "trace_summary", None)
+        if summary:
+            print(f"Trace {summary['path']} ({summary['layout']} layout): {summary['rows']} rows, "
+                  f"{summary['skipped_zero_token_rows']} with 0 tokens skipped, {summary['requests']} requests "
+                  "simulated")
     return 0

@@ -180,6 +180,22 @@ def check(config: dict) -> None:
         raise ConfigError(f"config error: model.source = {source!r}: must be 'random' or a local directory "
                           "holding a transformers checkpoint (config.json + weights)")
     _check_sizes(config)
+    _check_trace(config["workload"].get("trace"))
+
+
+def _check_trace(trace: dict | None) -> None:
+    """A trace file is read once here, so a bad row stops the run before any work."""
+    if trace is None:
+        return
+    # imported here: numpy and pandas would slow every snakemake start that has no trace
+    from servingplan.workload import load_trace
+    try:
+        loaded = load_trace(**trace)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"config error: workload.trace.path = {trace['path']!r}: {' '.join(str(exc).split())}")
+    if len(loaded.trace) < 2:
+        raise ConfigError(f"config error: workload.trace.path = {trace['path']!r}: {len(loaded.trace)} requests "
+                          f"after skipping {loaded.skipped_zero_tokens} rows with 0 tokens; needs at least 2")
 
 
 def load(path) -> dict:

@@ -6,8 +6,10 @@ from a seeded numpy Generator, so the same spec and seed give the same trace on 
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +97,11 @@ def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarra
 
 
 def generate(spec: dict, seed: int) -> Trace:
-    """A trace from a workload spec: {num_requests, rate, prompt: {...}, output: {...}} or {trace_csv}."""
+    """A trace from a workload spec: {num_requests, rate, prompt: {...}, output: {...}}, or a file:
+    {trace: {path, layout, columns, timestamps, rate}} (see load_trace; the same trace for every seed)
+    or {trace_csv}."""
+    if spec.get("trace"):
+        return load_trace(**spec["trace"]).trace
     if spec.get("trace_csv"):
         return load_trace_csv(spec["trace_csv"])
     rng = np.random.default_rng(seed)
@@ -164,6 +170,127 @@ def load_trace_csv(path) -> Trace:
     order = np.argsort(np.asarray(arrivals, dtype=float), kind="stable")
     return Trace(np.asarray(arrivals, dtype=float)[order], np.asarray(prompts, dtype=np.int64)[order],
                  np.asarray(outputs, dtype=np.int64)[order])
+
+
+# Where each layout keeps a request's arrival and token counts, and how its timestamps are written:
+# seconds (a number) or datetime (ISO 8601 text, e.g. Azure's "2023-11-16 18:15:46.6805900").
+TRACE_LAYOUTS = {
+    "servingplan": {"arrival": "arrival_s", "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens",
+                    "timestamps": "seconds"},
+    # Azure LLM inference traces 2023/2024 (AzurePublicDataset)
+    "azure": {"arrival": "TIMESTAMP", "prompt_tokens": "ContextTokens", "output_tokens": "GeneratedTokens",
+              "timestamps": "datetime"},
+    # BurstGPT (HPMLL/BurstGPT): seconds since the log began; failed requests log 0 response tokens
+    "burstgpt": {"arrival": "Timestamp", "prompt_tokens": "Request tokens", "output_tokens": "Response tokens",
+                 "timestamps": "seconds"},
+}
+TIMESTAMP_KINDS = ("seconds", "datetime")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+
+
+@dataclass(frozen=True)
+class LoadedTrace:
+    """A trace read from a file, and what the 0-token policy dropped: a row asking for 0 prompt or 0
+    output tokens is no request a server could serve (logs record failures that way), so it is
+    skipped and counted, never silently kept or fatal."""
+    trace: Trace
+    rows: int
+    skipped_zero_tokens: int
+    layout: str
+
+
+def _records(path: Path):
+    """(line number, {column: text}) of every row of a CSV (with header) or JSONL file."""
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        with open(path) as handle:
+            for line_number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    raise ValueError(f"trace {path} line {line_number}: not a JSON object") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"trace {path} line {line_number}: not a JSON object")
+                yield line_number, {key: "" if value is None else str(value) for key, value in record.items()}
+        return
+    with open(path, newline="") as handle:
+        rows = csv.reader(handle)
+        header = [name.strip() for name in next(rows, [])]
+        if not header:
+            raise ValueError(f"trace {path}: empty file, needs a header row")
+        for row in rows:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise ValueError(f"trace {path} line {rows.line_num}: {len(row)} fields, the header has {len(header)}")
+            yield rows.line_num, dict(zip(header, row))
+
+
+def _timestamp(text: str, kind: str) -> float:
+    if kind == "datetime":
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            return math.nan
+        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def load_trace(path, layout: str = "servingplan", columns: dict | None = None, timestamps: str | None = None,
+               rate: float | None = None) -> LoadedTrace:
+    """A trace from a CSV or JSONL file (.jsonl/.ndjson) in one of TRACE_LAYOUTS, with `columns`
+    ({arrival, prompt_tokens, output_tokens} -> the file's names) and `timestamps` overriding the
+    layout's. Arrivals start at 0 (the first request's timestamp) and, with `rate`, are rescaled to
+    that mean rate. Rows with 0 tokens are skipped and counted; any other bad cell raises ValueError
+    naming the file, the line, the column and the value."""
+    path = Path(path)
+    if layout not in TRACE_LAYOUTS:
+        raise ValueError(f"trace layout {layout!r}: allowed {', '.join(TRACE_LAYOUTS)}")
+    mapping = {**TRACE_LAYOUTS[layout], **(columns or {}), **({"timestamps": timestamps} if timestamps else {})}
+    if mapping["timestamps"] not in TIMESTAMP_KINDS:
+        raise ValueError(f"trace timestamps {mapping['timestamps']!r}: allowed {', '.join(TIMESTAMP_KINDS)}")
+    arrivals, prompts, outputs = [], [], []
+    rows = skipped = 0
+    for line, record in _records(path):
+        rows += 1
+        if rows > MAX_TRACE_ROWS:
+            raise ValueError(f"trace {path}: more than {MAX_TRACE_ROWS:,} requests")
+        cells = {}
+        for field in ("arrival", "prompt_tokens", "output_tokens"):
+            if mapping[field] not in record:
+                raise ValueError(f"trace {path} line {line}: no column {mapping[field]!r} (the {field} of layout "
+                                 f"{layout!r}; columns: {', '.join(record)})")
+            cells[field] = record[mapping[field]].strip()
+        arrival = _timestamp(cells["arrival"], mapping["timestamps"])
+        if not math.isfinite(arrival) or (mapping["timestamps"] == "seconds" and arrival < 0):
+            raise ValueError(f"trace {path} line {line}: {mapping['arrival']} = {cells['arrival'] or '(blank)'}: "
+                             f"must be a finite {'time >= 0' if mapping['timestamps'] == 'seconds' else 'ISO 8601 date'}")
+        tokens = {}
+        for field in ("prompt_tokens", "output_tokens"):
+            count = _token_count(cells[field])
+            if count is None or not 0 <= count <= MAX_TRACE_TOKENS:
+                raise ValueError(f"trace {path} line {line}: {mapping[field]} = {cells[field] or '(blank)'}: must be "
+                                 f"an integer in [0, {MAX_TRACE_TOKENS}] (0-token rows are skipped)")
+            tokens[field] = count
+        if tokens["prompt_tokens"] == 0 or tokens["output_tokens"] == 0:
+            skipped += 1
+            continue
+        arrivals.append(arrival)
+        prompts.append(tokens["prompt_tokens"])
+        outputs.append(tokens["output_tokens"])
+    arrival_s = np.asarray(arrivals, dtype=float)
+    order = np.argsort(arrival_s, kind="stable")
+    arrival_s = arrival_s[order] - (arrival_s.min() if len(arrival_s) else 0.0)
+    trace = Trace(arrival_s, np.asarray(prompts, dtype=np.int64)[order], np.asarray(outputs, dtype=np.int64)[order])
+    if rate is not None:
+        if trace.duration_s <= 0:
+            raise ValueError(f"trace {path}: every request arrives at once, so it cannot be rescaled to rate {rate:g}")
+        trace = trace.with_rate(rate)
+    return LoadedTrace(trace, rows, skipped, layout)
 
 
 # The capstone: 600 requests at 6/s. The source gives prompt lengths only as a range, so they are

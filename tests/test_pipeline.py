@@ -1,9 +1,13 @@
 """The real pipeline, end to end, on the quick configuration, in a scratch copy of the repository."""
+import datetime
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -30,15 +34,19 @@ def planned_rules(workdir: Path, configfile=QUICK) -> set:
     return rules
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("pipeline")
+def copy_repository(workdir: Path) -> Path:
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
     for name in files:
         if (ROOT / name).is_file():
             (workdir / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, workdir / name)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    workdir = copy_repository(tmp_path_factory.mktemp("pipeline"))
     snakemake(workdir)
     return workdir
 
@@ -94,3 +102,59 @@ def test_bad_config_stops_before_any_work_with_one_line(pipeline):
     assert proc.returncode != 0
     lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "config error" in l]
     assert lines == ["config error: sweep.caps[1] = -2: must be >= 1"]
+
+
+def test_the_quick_profile_measures_the_configs_grid_on_the_tiny_model(pipeline):
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    [machine_json] = pipeline.glob("results/profile/*/machine.json")
+    machine = json.loads(machine_json.read_text())
+    for key in ("prefill_lengths", "prefill_batches", "decode_batches", "decode_contexts", "point_budget_s",
+                "min_repeats", "max_repeats", "probe_bytes", "gemm_size"):
+        assert machine["settings"][key] == config["profile"][key], key
+    assert machine["settings"]["tiny"] and not machine["settings"]["quick"]
+    assert machine["model"]["n_layer"] == 2
+
+
+def test_a_budget_below_the_weights_stops_before_any_work_with_one_line(pipeline):
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    config["memory"]["budget_gb"] = 0.0001
+    (pipeline / "config" / "tight.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = snakemake(pipeline, configfile="config/tight.yaml", check=False)
+    assert proc.returncode != 0
+    lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "config error" in l]
+    assert len(lines) == 1
+    assert lines[0].startswith("config error: memory.budget_gb = 0.0001: must hold the weights of the tiny "
+                               "2-layer GPT-2")
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def write_trace(path: Path, layout: str, rows: int = 150) -> int:
+    """A logged-traffic file in a public layout, about 6 req/s, every 25th request failed (0 reply
+    tokens); returns the requests it holds."""
+    rng = np.random.default_rng(3)
+    seconds = np.cumsum(rng.exponential(1 / 6, rows))
+    prompts, replies = rng.integers(16, 500, rows), rng.integers(8, 200, rows)
+    replies[7::25] = 0
+    if layout == "azure":
+        start = datetime.datetime(2023, 11, 16, 18, 0, 0)
+        lines = [f"{(start + datetime.timedelta(seconds=float(s))).isoformat(sep=' ')},{p},{r}"
+                 for s, p, r in zip(seconds, prompts, replies)]
+        path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(lines) + "\n")
+    else:
+        path.write_text("".join(json.dumps({"Timestamp": float(s), "Model": "ChatGPT", "Request tokens": int(p),
+                                            "Response tokens": int(r), "Log Type": "Conversation log"}) + "\n"
+                                for s, p, r in zip(seconds, prompts, replies)))
+    return int((replies > 0).sum())
+
+
+@pytest.mark.parametrize("layout, name", [("azure", "azure.csv"), ("burstgpt", "burstgpt.jsonl")])
+def test_the_pipeline_sizes_the_service_for_a_trace_file(tmp_path, layout, name):
+    workdir = copy_repository(tmp_path)
+    requests = write_trace(workdir / name, layout)
+    config = yaml.safe_load((workdir / QUICK).read_text())
+    config["workload"]["trace"] = {"path": name, "layout": layout}
+    (workdir / "config" / "trace.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    snakemake(workdir, configfile="config/trace.yaml")
+    latency = pd.read_csv(workdir / "results/sweep/latency.csv")
+    assert (latency["num_requests"] == requests).all()
+    assert (workdir / "results/report/report.md").stat().st_size > 0
