@@ -12,7 +12,7 @@ rule report:
         capacity=rules.collect.output.capacity,
         memory=rules.memory.output.table,
         memory_summary=rules.memory.output.summary,
-        recommendation=rules.cost.output[0],
+        recommendation=rules.recommend.output[0],
         fleet=expand("results/fleet/cells/{cell}.json", cell=CELLS),
         exercise2=rules.exercise2.output.answers,
         ex2_caps=rules.exercise2.output.cap_sweep,

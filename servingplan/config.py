@@ -10,6 +10,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from servingplan.sim.policies import POLICIES
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
 
@@ -81,6 +83,7 @@ def _longest(spec: dict) -> int:
 def check(config: dict) -> None:
     """Raise ConfigError with one line for the first bad value."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["definitions"]["policy"]["enum"] = list(POLICIES)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if errors:

@@ -9,7 +9,7 @@ import yaml
 
 from servingplan import planner
 from servingplan.capacity import bisect_rate
-from servingplan.cost import cost_per_1k_tokens, max_replicas_within
+from servingplan.money import cost_per_1k_tokens, max_replicas_within
 from servingplan.costmodel import CostModel
 from servingplan.memory import kv_blocks_for_budget, kv_bytes_per_token, largest_cap, memory_plan
 from servingplan.sim import simulate

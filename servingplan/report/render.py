@@ -33,11 +33,13 @@ from markupsafe import Markup
 import numpy as np
 import pandas as pd
 
-from servingplan import cost as costs
+from servingplan import money
 from servingplan.costmodel import CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
 from servingplan.report import figures
+from servingplan.seeds import over_seeds
+from servingplan.sim import policies
 from servingplan.workload import expected_length, generate
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "reports" / "templates"
@@ -209,67 +211,10 @@ def sweep_seeds(latency: pd.DataFrame) -> list[int]:
     return sorted(int(s) for s in latency["seed"].unique())
 
 
-def longest_prompt(traces) -> int:
-    return int(max(t.prompt_tokens.max() for t in traces))
-
-
-def prefill_floor(cost: CostModel, traces, percentile: float) -> float:
-    """The TTFT percentile the prompts alone impose (ms): each request's prefill with no queue and
-    nothing else running. No number of machines can push the percentile below it."""
-    prefill_ms = np.concatenate([[cost.prefill_time(int(p)) * 1e3 for p in t.prompt_tokens] for t in traces])
-    return float(np.percentile(prefill_ms, percentile))
-
-
-def summary_section(run: RunResults, config: dict, traces) -> dict:
+def summary_section(run: RunResults, config: dict) -> dict:
+    """The planner's decision, as the templates print it."""
     rec = clean(run.recommendation)
-    chosen = rec["chosen"]
-    slo = config["slo"]
-    verdict = {row["target"]: row for row in rec["verdict"]}
-    floor_ms = prefill_floor(run.cost_model, traces, slo["ttft_percentile"])
-    longest = longest_prompt(traces)
-    need = rec["what_it_would_take"]
-    fleets = {router: found for router, found in need["fleet"].items() if found}
-    cheapest_fleet = min(fleets.items(), key=lambda item: (item[1]["replicas"], item[0])) if fleets else None
-    capacity = run.capacity[(run.capacity["policy"] == chosen["policy"])
-                            & (run.capacity["max_num_seqs"] == chosen["max_num_seqs"])]
-    stable_capacity = clean(capacity[capacity["criterion_name"] == "stable"]["capacity_rps"].max())
-    passed = [name for name in ("latency", "capacity", "memory", "cost") if verdict[name]["passed"]]
-    today = float(config["workload"]["rate"])
-    return {
-        "status": rec["status"],
-        "chosen": chosen,
-        "verdict": verdict,
-        "passed": passed,
-        "missed": [name for name in ("latency", "capacity", "memory", "cost") if name not in passed],
-        "n_pass": len(passed),
-        "prefill_floor_ms": floor_ms,
-        "floor_exceeds_slo": floor_ms > slo["ttft_ms"],
-        "floor_speedup": floor_ms / slo["ttft_ms"],
-        "longest_prompt": longest,
-        "longest_prompt_prefill_ms": run.cost_model.prefill_time(longest) * 1e3,
-        "fleets": fleets,
-        "cheapest_fleet": cheapest_fleet,
-        "max_replicas": config["cost"]["max_replicas"],
-        "speedup": need["speedup"],
-        "any_fits_memory": bool(run.memory["fits_reserved"].astype(bool).any()),
-        "chosen_stable_capacity_rps": stable_capacity,
-        # one machine's stable rate bounds how many are needed just to keep up, whatever the latency
-        "machines_to_keep_up": math.ceil(today / stable_capacity) if stable_capacity else None,
-        "largest_fleet": largest_fleet(run.fleet_cells, chosen),
-        "offered_tokens_per_s": rec["offered_tokens_per_s"],
-    }
-
-
-def largest_fleet(fleet_cells: list[dict], chosen: dict) -> dict | None:
-    """How the chosen configuration fares on the largest fleet the planner tried when no fleet met the
-    latency targets: the router with the lowest TTFT at today's rate."""
-    cell = next((c for c in fleet_cells if c["policy"] == chosen["policy"]
-                 and c["max_num_seqs"] == chosen["max_num_seqs"]), None)
-    if cell is None or any(found["feasible"] for found in cell["fleets"].values()):
-        return None
-    tried = [{"router": router, "replicas": found["max_replicas"], **clean(found["at_max"])}
-             for router, found in sorted(cell["fleets"].items())]
-    return min(tried, key=lambda f: (f["today"]["ttft_ms_mean"] is None, f["today"]["ttft_ms_mean"] or 0.0))
+    return {**rec, "verdict": {row["target"]: row for row in rec["verdict"]}, "n_pass": len(rec["passed"])}
 
 
 def machine_section(run: RunResults) -> dict:
@@ -356,25 +301,24 @@ def simulation_section(run: RunResults, config: dict, traces) -> dict:
     slo, workload = config["slo"], config["workload"]
     today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
     pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
-    ttft = figures.cell_means(run.latency, pct, stable_only=True)
-    goodput = figures.cell_means(run.latency, "goodput_rps")
-    preempt = figures.cell_means(run.latency, "preemptions")
-    itl = figures.cell_means(run.latency, "itl_ms_p99")
+    cells_by_rate = over_seeds(run.latency, ["policy", "max_num_seqs", "rate"], spread=True)
+    at_today = cells_by_rate[np.isclose(cells_by_rate["rate"], today)]
     capacity = run.capacity.set_index(["criterion_name", "policy", "max_num_seqs"])
     cells = []
-    for row in ttft[np.isclose(ttft["rate"], today)].itertuples():
-        key = (row.policy, row.max_num_seqs)
+    for row in at_today.to_dict(orient="records"):
+        key = (row["policy"], int(row["max_num_seqs"]))
+        ttft = clean(row[pct])
         cells.append({
-            "policy": row.policy, "policy_label": figures.policy_label(row.policy), "cap": row.max_num_seqs,
-            "stable": row.stable, "ttft_ms": clean(row.mean), "ttft_range": [clean(row.min), clean(row.max)],
-            "goodput_rps": _cell(goodput, key, today),
+            "policy": row["policy"], "policy_label": policies.label(row["policy"]), "cap": key[1],
+            "stable": bool(row["stable"]), "ttft_ms": ttft,
+            "ttft_range": [clean(row[f"{pct}_min"]), clean(row[f"{pct}_max"])] if ttft is not None else None,
+            "goodput_rps": clean(row["goodput_rps"]),
             **{f"capacity_{name}": _capacity(capacity, name, key) for name in ("ttft_slo", "stable")},
         })
-    cells.sort(key=lambda c: (figures.policy_order(c["policy"]), c["cap"]))
+    cells.sort(key=lambda c: (policies.order(c["policy"]), c["cap"]))
     best_slo = max(cells, key=lambda c: (c["capacity_ttft_slo"]["rps"], -c["cap"]))
     best_stable = max(cells, key=lambda c: (c["capacity_stable"]["rps"], -c["cap"]))
-    chunked_itl = _itl_comparison(itl, today)
-    preempt_max = preempt.loc[preempt["mean"].idxmax()] if preempt["mean"].notna().any() else None
+    busiest = cells_by_rate.loc[cells_by_rate["preemptions"].idxmax()] if len(cells_by_rate) else None
     return {
         "today_rate": today, "target_rate": target, "rates": sorted(float(r) for r in run.latency["rate"].unique()),
         "percentile": slo["ttft_percentile"], "slo_ms": slo["ttft_ms"], "tpot_ms": slo["tpot_ms"],
@@ -383,50 +327,60 @@ def simulation_section(run: RunResults, config: dict, traces) -> dict:
         "n_cells": len(cells),
         "n_stable_today": sum(c["stable"] for c in cells),
         "n_meeting_slo_today": sum(c["ttft_ms"] is not None and c["ttft_ms"] <= slo["ttft_ms"] for c in cells),
-        "best_slo": best_slo, "best_stable": best_stable,
+        "best_slo": best_slo, "best_slo_positive": best_slo["capacity_ttft_slo"]["rps"] > 0,
+        "best_stable": best_stable, "best_stable_below_today": best_stable["capacity_stable"]["rps"] < today,
         "any_meets_target": any(c["capacity_ttft_slo"]["rps"] >= target for c in cells),
-        "itl": chunked_itl,
-        "max_preemptions": None if preempt_max is None else {
-            "mean": float(preempt_max["mean"]), "policy_label": figures.policy_label(preempt_max["policy"]),
-            "cap": int(preempt_max["max_num_seqs"]), "rate": float(preempt_max["rate"])},
+        "itl": _itl_comparison(at_today),
+        "max_preemptions": None if busiest is None or not busiest["preemptions"] > 0 else {
+            "mean": float(busiest["preemptions"]), "policy_label": policies.label(busiest["policy"]),
+            "cap": int(busiest["max_num_seqs"]), "rate": float(busiest["rate"])},
         "rate_min": config["capacity"]["rate_min"],
         "chunk_size": config["sweep"]["chunk_size"],
-        "prompts_fit_one_chunk": longest_prompt(traces) <= config["sweep"]["chunk_size"],
+        "prompts_fit_one_chunk": max(int(t.prompt_tokens.max()) for t in traces) <= config["sweep"]["chunk_size"],
     }
-
-
-def _cell(means: pd.DataFrame, key, rate) -> float | None:
-    rows = means[(means["policy"] == key[0]) & (means["max_num_seqs"] == key[1]) & np.isclose(means["rate"], rate)]
-    return clean(rows["mean"].iloc[0]) if len(rows) else None
 
 
 def _capacity(capacity: pd.DataFrame, name: str, key) -> dict:
     row = capacity.loc[(name, *key)]
-    return {"rps": float(row["capacity_rps"]),
-            "range": [float(row["capacity_min_rps"]), float(row["capacity_max_rps"])],
+    interval = [row.get("interval_lo_rps"), row.get("interval_hi_rps")]
+    if any(v is None or pd.isna(v) for v in interval):
+        interval = [row["capacity_min_rps"], row["capacity_max_rps"]]
+    return {"rps": float(row["capacity_rps"]), "range": [float(v) for v in interval],
             "never_met": bool(row["never_met"])}
 
 
-def _itl_comparison(itl: pd.DataFrame, rate: float) -> dict | None:
-    """p99 inter-token gap with and without chunked prefill at the largest cap both were run at."""
-    at_rate = itl[np.isclose(itl["rate"], rate) & itl["mean"].notna()]
-    chunked = at_rate[at_rate["policy"] == "continuous_chunked"].set_index("max_num_seqs")["mean"]
-    plain = at_rate[at_rate["policy"] == "continuous"].set_index("max_num_seqs")["mean"]
-    shared = sorted(set(chunked.index) & set(plain.index))
-    if not shared:
-        return None
-    cap = shared[-1]
-    return {"cap": int(cap), "chunked_ms": float(chunked[cap]), "plain_ms": float(plain[cap]),
-            "ratio": float(chunked[cap] / plain[cap]) if plain[cap] else None}
+def _itl_comparison(at_today: pd.DataFrame) -> dict | None:
+    """p99 inter-token gap of each chunking policy against the policy it refines, at the largest cap
+    where both are stable on every seed (an unstable run has no percentile); when no such cap exists,
+    how many caps were unstable."""
+    for policy in policies.REGISTRY:
+        if policy.unchunked is None:
+            continue
+        chunked = at_today[at_today["policy"] == policy.name].set_index("max_num_seqs")
+        plain = at_today[at_today["policy"] == policy.unchunked].set_index("max_num_seqs")
+        shared = sorted(set(chunked.index) & set(plain.index))
+        defined = [cap for cap in shared if pd.notna(chunked.loc[cap, "itl_ms_p99"])
+                   and pd.notna(plain.loc[cap, "itl_ms_p99"])]
+        if not defined:
+            return {"defined": False, "caps": len(shared), "chunked_label": policy.label,
+                    "plain_label": policies.label(policy.unchunked)}
+        cap = defined[-1]
+        ratio = float(chunked.loc[cap, "itl_ms_p99"] / plain.loc[cap, "itl_ms_p99"])
+        return {"defined": True, "cap": int(cap), "chunked_ms": float(chunked.loc[cap, "itl_ms_p99"]),
+                "plain_ms": float(plain.loc[cap, "itl_ms_p99"]), "ratio": ratio, "no_shorter": ratio >= 1,
+                "chunked_label": policy.label, "plain_label": policies.label(policy.unchunked)}
+    return None
 
 
 def memory_section(run: RunResults) -> dict:
+    """The memory arithmetic, and beside it the engine's measured peak while serving when validation ran."""
     summary = clean(run.memory_summary)
     return {
         "summary": summary,
         "kv_matches_analytic": summary["kv_bytes_per_token_measured"] == summary["kv_bytes_per_token_analytic"],
         "kv_per_sequence_bytes": summary["kv_bytes_per_token_measured"] * summary["max_context"],
         "headroom_bytes": summary["budget_bytes"] - summary["weights_bytes"],
+        "serving": clean(run.recommendation).get("serving_memory"),
     }
 
 
@@ -437,7 +391,7 @@ def cost_section(run: RunResults, config: dict, summary: dict) -> dict:
         "target_per_1k": config["cost"]["target_per_1k_tokens"],
         "max_replicas": config["cost"]["max_replicas"],
         "offered_tokens_per_s": rec["offered_tokens_per_s"],
-        "fleets": [{"router": router, **found} for router, found in summary["fleets"].items()],
+        "fleets": summary["what_it_would_take"]["fleets"],
     }
 
 
@@ -469,7 +423,7 @@ def validation_section(run: RunResults) -> dict | None:
     return {
         "meta": meta,
         "headline": meta["headline"],
-        "policy_label": figures.policy_label(meta["policy"]),
+        "policy_label": policies.label(meta["policy"]),
         "rows": rows,
         "traces": meta["traces"],
         "skipped": [t for t in meta["traces"] if t.get("skipped")],
@@ -598,7 +552,7 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
 
 
 def build_context(run: RunResults, config: dict, provenance_record: dict, traces) -> dict:
-    summary = summary_section(run, config, traces)
+    summary = summary_section(run, config)
     cost = cost_section(run, config, summary)
     return {
         "title": config["report"]["title"],
@@ -615,7 +569,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "exercise2": exercise2_section(run),
         "assumptions": assumptions_section(run, config),
         "provenance": provenance_record,
-        "policy_label": figures.policy_label,
+        "policy_label": policies.label,
     }
 
 
@@ -644,7 +598,7 @@ class CostText:
         return Markup('<span class="{}"{}>{}</span>').format(css_class, attributes, text)
 
     def per_1k(self, replicas, tokens_per_s) -> float | None:
-        return costs.cost_per_1k_tokens(self.price_per_hour, replicas, tokens_per_s) if tokens_per_s else None
+        return money.cost_per_1k_tokens(self.price_per_hour, replicas, tokens_per_s) if tokens_per_s else None
 
     def money(self, replicas, tokens_per_s, missing="n/a"):
         """$ per 1,000 output tokens for `replicas` machines serving `tokens_per_s`."""
@@ -666,7 +620,7 @@ class CostText:
 
     def replicas_within(self, tokens_per_s):
         """The most machines the cost target pays for at this traffic."""
-        count = costs.max_replicas_within(self.price_per_hour, tokens_per_s, self.target_per_1k)
+        count = money.max_replicas_within(self.price_per_hour, tokens_per_s, self.target_per_1k)
         return self._span("replicas-within", fmt_int(count), tokens_per_s=repr(float(tokens_per_s)))
 
 
