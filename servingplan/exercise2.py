@@ -361,6 +361,7 @@ def context_growth(traces, steps: pd.DataFrame, cost: CostModel, naive: dict) ->
         "cap_within_budget_at_simulated_context": largest_batch_within(cost.decode_fixed_s * 1e3, per_seq_ms,
                                                                        budget_ms),
         "mean_decode_batch": float(decoding["decode_batch"].mean()),
+        "simulated_context_cheaper": bool(step_ms(per_sequence_ctx) < naive["step_ms_at_b_max"]),
     }
 
 
@@ -462,6 +463,7 @@ def spend_ttft_budget(traces, cost, cap, chunk, slo, load, chunks, steps, budget
         "whole_prefill": {"policy": "continuous", **whole},
         "chunked_prefill": {"policy": POLICY, "chunk_size": chunk, **chunked},
         "ttft_p95_ratio_chunked_over_whole": _ratio(chunked["ttft_ms_p95"], whole["ttft_ms_p95"]),
+        "chunking_raises_ttft": _raises(chunked["ttft_ms_p95"], whole["ttft_ms_p95"]),
         "itl_p99_ratio_chunked_over_whole": _ratio(chunked["itl_ms_p99"], whole["itl_ms_p99"]),
         "itl_max_ratio_chunked_over_whole": _ratio(chunked["itl_ms_max"], whole["itl_ms_max"]),
         "itl_bound_ms": itl_bound_ms, "itl_bound_percentile": 99.0,
@@ -551,12 +553,15 @@ def next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg
              for router in ROUTERS}
     best_router = max(fleet, key=lambda r: (fleet[r]["attainment"] is not None, fleet[r]["attainment"] or 0.0, r))
     prefill_s = load["prefill_ms_per_request"] / 1e3
+    floor_ms = tpot_floor_ms(cost, rate, prefill_s, traces)
     return {
         "best_attainment_over_caps": max(attainment.values(), default=None),
         "cap_of_best_attainment": max(attainment, key=attainment.get) if attainment else None,
         "attainment_over_stable_swept_caps": _range([attainment[c] for c in stable]),
         "prefill_fraction": load["prefill_fraction"],
-        "tpot_floor_ms_any_cap": tpot_floor_ms(cost, rate, prefill_s, traces),
+        "tpot_floor_ms_any_cap": floor_ms,
+        "tpot_floor_state": "no_room" if floor_ms is None else (
+            "above_budget" if floor_ms > float(cfg["slo_tpot_ms"]) else "within_budget"),
         "tpot_budget_ms": float(cfg["slo_tpot_ms"]),
         "replicas": EXTRA_CAPACITY_REPLICAS,
         "prefill_fraction_per_replica": load["prefill_fraction"] / EXTRA_CAPACITY_REPLICAS,
@@ -567,6 +572,11 @@ def next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg
         "fleet_attainment": fleet[best_router]["attainment"],
         "fleet_goodput_over_offered": fleet[best_router]["goodput_over_offered"],
     }
+
+
+def _raises(x, y) -> bool | None:
+    """Whether x is above y; None when either is undefined (an unstable run)."""
+    return None if x is None or y is None else bool(x > y)
 
 
 def _ratio(x, y):

@@ -362,7 +362,7 @@ def _keep_up(chosen: dict, today_rate: float, price: float, demand: float) -> di
         return None
     count = math.ceil(today_rate / rps)
     counts = [math.ceil(today_rate / interval[1]), math.ceil(today_rate / interval[0])]
-    return {"machines": count, "machines_interval": counts, "one_machine_rps": rps, "one_machine_interval": interval,
+    return {"machines": count, "machines_interval": counts, "machines_vary": counts[0] != counts[1], "one_machine_rps": rps, "one_machine_interval": interval,
             "cost_per_1k": money.cost_per_1k_tokens(price, count, demand),
             "cost_per_1k_interval": [money.cost_per_1k_tokens(price, n, demand) for n in counts]}
 

@@ -18,7 +18,7 @@ import yaml
 
 from servingplan import exercise2, planner
 from servingplan.costmodel import CostModel
-from servingplan.io import write_csv, write_json
+from servingplan.io import read_json, write_csv, write_json
 from servingplan.profiling.fit import fit_profile
 from servingplan.report.render import write_report
 from servingplan.serving.replay import compare, request_pairs
@@ -112,7 +112,10 @@ def profile_points(cost: CostModel, meta: dict) -> pd.DataFrame:
 def capacity_rows(cell: dict):
     """scripts/collect.py's flattening of one capacity cell."""
     for name, result in cell.items():
-        yield {"criterion_name": name, **{k: v for k, v in result.items() if k != "per_seed"},
+        interval = result.get("interval_rps") or [None, None]
+        yield {"criterion_name": name,
+               **{k: v for k, v in result.items() if k not in ("per_seed", "interval_rps", "speed_band")},
+               "interval_lo_rps": interval[0], "interval_hi_rps": interval[1],
                "per_seed_lower": ";".join(f"{s['lower']:.6g}" for s in result["per_seed"]),
                "per_seed_upper": ";".join(f"{s['upper']:.6g}" for s in result["per_seed"])}
 
@@ -203,16 +206,18 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     memory, memory_summary = planner.memory_table(meta, latency, config["memory"], config["workload"]["rate"])
     write_csv(paths["memory"], memory)
     write_json(paths["memory_summary"], memory_summary)
+    validation_paths = write_validation(d, fitted, config) if with_validation else {}
+    validation = read_json(validation_paths["validation_meta"]) if with_validation else None
     write_json(paths["recommendation"], planner.recommend(latency, capacity, pd.read_csv(paths["memory"]), fleets,
-                                                          config["cost"], config["slo"], config["workload"], seeds))
+                                                          config["cost"], config["slo"], config["workload"], seeds,
+                                                          step_model=fitted, machine=meta, validation=validation))
 
     ex2 = exercise2_outputs(config)
     write_json(paths["exercise2"], ex2.answers)
     write_csv(paths["ex2_caps"], ex2.cap_sweep)
     write_csv(paths["ex2_chunks"], ex2.chunk_sweep)
     write_csv(paths["ex2_curve"], ex2.curve)
-    if with_validation:
-        paths.update(write_validation(d, fitted, config))
+    paths.update(validation_paths)
     return {k: [str(p) for p in v] if isinstance(v, list) else str(v) for k, v in paths.items()}, config
 
 

@@ -51,6 +51,8 @@ MAX_DECIMALS = 6
 REQUIRED_INPUTS = ("machine", "profile", "fit_report", "predicted", "costmodel", "latency", "capacity", "memory",
                    "memory_summary", "recommendation", "exercise2", "ex2_caps", "ex2_chunks", "ex2_curve")
 VALIDATION_INPUTS = ("validation", "validation_requests", "validation_meta")
+# Exercise 2's two readings of the source's curve, in the order the report shows them
+EX2_READINGS = ("per_kv_token", "per_sequence")
 
 # What the capstone's source document states about its workload. They are the reference the run's
 # calibration is checked against, not results, so they cannot come from the run itself.
@@ -186,6 +188,12 @@ def fmt_duration(seconds, missing="n/a", digits=3):
     return "0 s" if seconds == 0 else f"{significant(seconds / 1e-9, digits)} ns"
 
 
+def count(n, noun: str) -> str:
+    """'1 machine', '3 machines': a number with its noun in the right number, never 'machine(s)'."""
+    n = int(n)
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def oneline(text):
     """Whitespace collapsed, so a macro's output is one Markdown paragraph; markup stays markup."""
     flat = " ".join(str(text).split())
@@ -197,7 +205,7 @@ FILTERS = {
     "tps": _with_unit(" tokens/s"), "times": _with_unit("×"), "ns": _with_unit(" ns"),
     "gbs": _with_unit(" GB/s"), "gflops": _with_unit(" GFLOP/s"), "tokens": _with_unit(" tokens"),
     "int": fmt_int, "pct": fmt_pct, "dur": fmt_duration, "usd": fmt_usd, "gb": fmt_gb, "range": fmt_range,
-    "oneline": oneline,
+    "oneline": oneline, "count": count,
 }
 
 
@@ -438,7 +446,11 @@ def seed_means(sweep: pd.DataFrame, key: str) -> pd.DataFrame:
 
 
 def exercise2_section(run: RunResults) -> dict:
-    return {"answers": clean(run.exercise2), "caps": records(seed_means(run.ex2_caps, "max_num_seqs")),
+    """The answers, the chunk sweep, and the cap sweep with the curve's two readings side by side."""
+    means = seed_means(run.ex2_caps, "max_num_seqs")
+    caps = [{"cap": int(cap), **{r["reading"]: r for r in records(group)}}
+            for cap, group in means.groupby("max_num_seqs", sort=True)]
+    return {"answers": clean(run.exercise2), "caps": caps, "readings": EX2_READINGS,
             "chunks": records(seed_means(run.ex2_chunks, "chunk_size"))}
 
 
@@ -543,12 +555,14 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
                                              ex2["2.1"]["least_squares"]["b_ms"], ex2["2.2"]["tpot_budget_ms"],
                                              ex2["2.2"]["b_max"]),
         "ex2_caps": figures.exercise2_caps(seed_means(run.ex2_caps, "max_num_seqs"), ex2["2.2"]["b_max"],
-                                           ex2["2.4"]["best_cap"]),
+                                           ex2["2.4"]["readings"]["per_kv_token"]["best_cap"],
+                                           ex2["2.2"]["tpot_budget_ms"]),
         "ex2_chunks": figures.exercise2_chunks(seed_means(run.ex2_chunks, "chunk_size"), ex2["2.3"]["itl_bound_ms"]),
     }
     if run.validation is not None:
         made["validation_ttft"] = figures.ttft_scatter(run.validation.requests)
-    return {name: figures.png_bytes(fig) for name, fig in made.items()}
+    # a figure with nothing but zeros to plot is left out; the report says so where it would stand
+    return {name: figures.png_bytes(fig) for name, fig in made.items() if fig is not None}
 
 
 def build_context(run: RunResults, config: dict, provenance_record: dict, traces) -> dict:
@@ -620,8 +634,14 @@ class CostText:
 
     def replicas_within(self, tokens_per_s):
         """The most machines the cost target pays for at this traffic."""
-        count = money.max_replicas_within(self.price_per_hour, tokens_per_s, self.target_per_1k)
-        return self._span("replicas-within", fmt_int(count), tokens_per_s=repr(float(tokens_per_s)))
+        machines = money.max_replicas_within(self.price_per_hour, tokens_per_s, self.target_per_1k)
+        return self._span("replicas-within", count(machines, "machine"), tokens_per_s=repr(float(tokens_per_s)))
+
+
+def png_css_size(png: bytes) -> tuple[int, int]:
+    """The CSS size of a figure drawn at twice the screen's density: half its pixels each way."""
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    return width // 2, height // 2
 
 
 def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = FIGURE_DIR_NAME) -> tuple[str, str]:
@@ -630,6 +650,7 @@ def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = F
     price, target = context["cost"]["price_per_hour"], context["cost"]["target_per_1k"]
     html = env.get_template(HTML_TEMPLATE).render(
         **context, output_format="html", cost_text=CostText(price, target, html=True), max_decimals=MAX_DECIMALS,
+        figure_size={name: png_css_size(png) for name, png in figure_png.items()},
         figure_src={name: "data:image/png;base64," + base64.b64encode(png).decode("ascii")
                     for name, png in figure_png.items()})
     md = env.get_template(MD_TEMPLATE).render(
