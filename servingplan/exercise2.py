@@ -114,6 +114,7 @@ def naive_cap_answer(fit: dict, budget_ms: float) -> dict:
         "a_ms": a, "b_ms": b, "tpot_budget_ms": budget_ms,
         "b_max_real": (budget_ms - a) / b,
         "b_max": cap,
+        "b_max_plus_1": cap + 1,
         "step_ms_at_b_max": a + b * cap,
         "step_ms_at_b_max_plus_1": a + b * (cap + 1),
     }
@@ -302,7 +303,9 @@ def cell_summary(results, slo) -> dict:
 def queueing(results) -> dict:
     waits = np.concatenate([per_request(r)["queue_s"].to_numpy() for r in results]) * 1e3
     ttft = np.concatenate([per_request(r)["ttft_s"].to_numpy() for r in results]) * 1e3
-    return {"queue_ms": _spread(waits), "ttft_ms": _spread(ttft),
+    if not all(r.stable for r in results):
+        return {"stable": False}
+    return {"stable": True, "queue_ms": _spread(waits), "ttft_ms": _spread(ttft),
             "queue_share_of_mean_ttft": finite_or_none(np.nanmean(waits) / np.nanmean(ttft))}
 
 
@@ -310,7 +313,9 @@ def tpot_spread(results, budget_ms: float) -> dict:
     frames = [per_request(r) for r in results]
     tpot = np.concatenate([f["tpot_s"].to_numpy() for f in frames]) * 1e3
     tpot = tpot[np.isfinite(tpot)]
-    return {"per_request_tpot_ms": _spread(tpot),
+    if not all(r.stable for r in results):
+        return {"stable": False, "budget_ms": budget_ms}
+    return {"stable": True, "per_request_tpot_ms": _spread(tpot),
             "share_above_budget": float(np.mean(tpot > budget_ms)),
             "budget_ms": budget_ms,
             "p95_over_mean": float(np.percentile(tpot, 95) / tpot.mean())}

@@ -35,7 +35,8 @@ def over_seeds(frame: pd.DataFrame, by: list[str], spread: bool = False) -> pd.D
                 continue
             values = group[column]
             if values.dtype == bool or values.dtype == object and values.map(type).eq(bool).all():
-                row[column] = bool(values.astype(bool).all())
+                row[column] = (np.nan if not stable and undefined_when_unstable(column)
+                               else bool(values.astype(bool).all()))
                 continue
             numeric = pd.to_numeric(values, errors="coerce")
             if values.dtype == object and numeric.isna().any() and values.notna().any():

@@ -81,16 +81,20 @@ def test_answers_cover_every_task_and_are_plain_json(outputs):
     assert a["2.2"]["b_max"] == 81
     assert a["2.4"]["best_cap"] in SMALL["sweep_caps"]
     assert a["2.3"]["prefill_load"]["nominal_prefill_fraction"] == pytest.approx(20 * 550 * 47e-6)
-    assert set(a["2.5"]) == {"queueing_delay", "tpot_spread", "prefill_interference", "context_growth"}
+    assert set(a["2.5"]) == {"keep_up", "queueing_delay", "tpot_spread", "prefill_interference", "context_growth"}
+    assert set(a["2.4"]["readings"]) == {"per_kv_token", "per_sequence"}
     assert 0.0 <= a["2.6"]["fleet_attainment"] <= 1.0
 
 
 def test_sweeps_have_a_row_per_cell_and_a_mean_per_value(outputs):
     caps = outputs.cap_sweep
     runs = caps[caps["stat"] == "run"]
-    assert sorted(set(zip(runs["max_num_seqs"], runs["seed"]))) == [
-        (cap, seed) for cap in SMALL["sweep_caps"] for seed in exercise2.exercise_seeds(0, SMALL["seeds"])]
-    assert sorted(caps[caps["stat"] == "mean"]["max_num_seqs"]) == SMALL["sweep_caps"]
+    readings = ["per_kv_token", "per_sequence"]
+    assert sorted(set(zip(runs["reading"], runs["max_num_seqs"], runs["seed"]))) == [
+        (reading, cap, seed) for reading in readings for cap in SMALL["sweep_caps"]
+        for seed in exercise2.exercise_seeds(0, SMALL["seeds"])]
+    means = caps[caps["stat"] == "mean"]
+    assert sorted(zip(means["reading"], means["max_num_seqs"])) == [(r, c) for r in readings for c in SMALL["sweep_caps"]]
     chunks = outputs.chunk_sweep
     assert sorted(chunks[chunks["stat"] == "mean"]["chunk_size"]) == SMALL["chunk_sizes"]
     assert len(chunks[chunks["stat"] == "run"]) == len(SMALL["chunk_sizes"]) * SMALL["seeds"]
@@ -102,3 +106,32 @@ def test_same_seed_same_answers(outputs):
     assert json.dumps(again.answers, sort_keys=True) == json.dumps(outputs.answers, sort_keys=True)
     pd.testing.assert_frame_equal(again.cap_sweep, outputs.cap_sweep)
     pd.testing.assert_frame_equal(again.chunk_sweep, outputs.chunk_sweep)
+
+
+def test_literal_reading_charges_each_sequence_the_same_whatever_its_context():
+    literal = exercise2.literal_curve_model(EXERCISE2)
+    assert literal.decode_time(8, 8 * 100) == literal.decode_time(8, 8 * 4000)
+    # at the curve's own context both readings give the source's table
+    context = exercise2.CURVE_CONTEXT_TOKENS
+    assert literal.decode_time(64, 64 * context) == pytest.approx(EXERCISE2.decode_time(64, 64 * context))
+
+
+def sweep_of(goodput_by_cap_and_seed: dict, unstable=()) -> pd.DataFrame:
+    rows = [{"reading": "r", "max_num_seqs": cap, "seed": seed, "goodput_rps": g, "attainment": g / 20,
+             "stable": cap not in unstable} for cap, per_seed in goodput_by_cap_and_seed.items()
+            for seed, g in enumerate(per_seed)]
+    return exercise2.with_means(rows, "max_num_seqs")
+
+
+def test_recommended_cap_is_the_smallest_within_the_seeds_spread_of_the_best():
+    # 64 is best on average, but 48 reaches its worst seed; 32 does not; 16 does not keep up
+    sweep = sweep_of({16: [9.0, 9.0], 32: [5.0, 5.4], 48: [5.6, 5.8], 64: [5.5, 6.1], 128: [5.5, 6.0]}, unstable={16})
+    choice = exercise2.choose_cap(sweep, "r")
+    assert choice["best_cap"] == 64
+    assert choice["recommended_cap"] == 48
+    assert choice["unstable_caps"] == [16] and choice["smallest_stable_cap"] == 32
+
+
+def test_no_cap_is_chosen_when_none_keeps_up():
+    choice = exercise2.choose_cap(sweep_of({8: [1.0], 32: [2.0]}, unstable={8, 32}), "r")
+    assert choice["best_cap"] is None and choice["recommended_cap"] is None

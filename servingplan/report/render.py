@@ -262,6 +262,7 @@ def profiling_section(run: RunResults, traces) -> dict:
         "systematic_parts": sorted(part for part, found in report["residual_structure"].items()
                                    if found["systematic"]),
         "batched_prefill": report.get("batched_prefill", []),
+        "batched_largest": _largest_batched(report.get("batched_prefill", [])),
         "holdout_fraction": report["holdout"]["fraction"],
         "n_holdout": len(report["holdout"]["point_ids"]),
         "decode_smallest": decode_at(decode["batch"].min()),
@@ -273,6 +274,14 @@ def profiling_section(run: RunResults, traces) -> dict:
         "mean_prompt_prefill_ms": float(np.mean([run.cost_model.prefill_time(int(p)) for p in prompts])) * 1e3,
         "mean_prompt_tokens": float(prompts.mean()),
     }
+
+
+def _largest_batched(rows: list[dict]) -> dict | None:
+    """The largest batched prefill profiled, and whether one call for the batch saves time over separate calls."""
+    if not rows:
+        return None
+    largest = max(rows, key=lambda r: r["batch"])
+    return {**largest, "saves": largest["batched_over_separate"] < 1}
 
 
 def _mode(series: pd.Series):
@@ -431,6 +440,9 @@ def validation_section(run: RunResults) -> dict | None:
     return {
         "meta": meta,
         "headline": meta["headline"],
+        "drift": ("slower" if meta["headline"]["machine_drift_ratio"] > 1
+                  else "faster" if meta["headline"]["machine_drift_ratio"] < 1 else "same"),
+        "ttft_tail_breaks_first": _ttft_tail_breaks_first(meta["headline"]),
         "policy_label": policies.label(meta["policy"]),
         "rows": rows,
         "traces": meta["traces"],
@@ -438,6 +450,12 @@ def validation_section(run: RunResults) -> dict | None:
         "n_requests": int(len(requests)),
         "n_finished_both": int(requests["finished_both"].astype(bool).sum()),
     }
+
+
+def _ttft_tail_breaks_first(headline: dict) -> bool:
+    """The drift-corrected model misses the goal on the TTFT tail, where waiting time amplifies speed error."""
+    worst = headline["drift_corrected"]["worst_abs_ttft_p90_diff_pct"]
+    return not headline["drift_corrected"]["met"] and worst is not None and worst > headline["goal_pct"]
 
 
 def seed_means(sweep: pd.DataFrame, key: str) -> pd.DataFrame:
