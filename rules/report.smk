@@ -9,6 +9,7 @@ rule report:
         predicted=rules.fit.output.predicted,
         costmodel=rules.fit.output.costmodel,
         latency=rules.collect.output.latency,
+        chunks=rules.collect.output.chunks,
         capacity=rules.collect.output.capacity,
         memory=rules.memory.output.table,
         memory_summary=rules.memory.output.summary,

@@ -19,6 +19,7 @@ def capacity_rows(path):
 
 def main(sm):
     write_csv(sm.output.latency, pd.concat([pd.read_csv(p) for p in sm.input.sweep], ignore_index=True))
+    write_csv(sm.output.chunks, pd.concat([pd.read_csv(p) for p in sm.input.chunks], ignore_index=True))
     write_csv(sm.output.capacity, pd.DataFrame([row for p in sm.input.capacity for row in capacity_rows(p)]))
 
 

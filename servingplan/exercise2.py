@@ -2,8 +2,8 @@
 
 Every figure of tasks 2.1-2.6 is computed here: the decode curve and its affine fit, the cap the
 curve alone allows, the sweep of caps the exercise runs, a chunk-size sweep for an inter-token
-latency bound, and the simulated effects the static curve leaves out. A step-by-step replay of
-the scheduler (`step_log`) gives the per-step view the simulator's fast-forward does not keep.
+latency bound, and the simulated effects the static curve leaves out. The simulator's step
+recorder gives the per-step view a run's summary does not keep.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from servingplan import workload
 from servingplan.costmodel import EXERCISE2, CostModel, decode_curve
 from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
 from servingplan.seeds import over_seeds
-from servingplan.sim import Scheduler, Seq, simulate
+from servingplan.sim import simulate
 from servingplan.sim.fleet import ROUTERS, simulate_fleet
 from servingplan.workload import Trace
 
@@ -214,36 +214,10 @@ def chunk_sweep(traces, seeds, cost, cap, chunks, slo) -> pd.DataFrame:
     return with_means(rows, "chunk_size")
 
 
-def step_log(trace: Trace, cost: CostModel, policy: str, cap: int, chunk: int, stop_s: float) -> pd.DataFrame:
-    """Every engine step of one run, one at a time: the simulator's arrival and step semantics
-    without its fast-forward, so each step's batch, prefill tokens and cost are visible. Steps
-    starting at or after `stop_s` (the simulated run's end) are not taken."""
-    sched = Scheduler(policy, cap, chunk)
-    seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
-    columns = {name: [] for name in ("start_s", "duration_s", "decode_s", "decode_batch", "decode_ctx_sum",
-                                     "prefill_tokens")}
-
-    def run_until(t: float, until: float) -> float:
-        while t < until and t < stop_s:
-            step = sched.schedule()
-            if step.empty:
-                return until if math.isfinite(until) else t
-            ctx = [s.decode_context for s in step.decodes]
-            decode_s = cost.decode_time(len(ctx), sum(ctx), max(ctx, default=0))
-            duration = cost.step_time(len(ctx), sum(ctx), step.prefill_calls(), max(ctx, default=0))
-            for name, value in zip(columns, (t, duration, decode_s, len(ctx), sum(ctx),
-                                             sum(n for _, n in step.prefills))):
-                columns[name].append(value)
-            t += duration
-            sched.complete(step)
-        return t
-
-    clock = 0.0
-    for seq, arrival in zip(seqs, trace.arrival_s):
-        clock = run_until(clock, float(arrival))
-        sched.add(seq)
-    run_until(clock, math.inf)
-    return pd.DataFrame(columns)
+def step_log(trace: Trace, cost: CostModel, policy: str, cap: int, chunk: int) -> pd.DataFrame:
+    """Every engine step of one run (the simulator's own step recorder): each step's batch, prefill
+    tokens and time, which the summary of a run does not keep."""
+    return simulate(trace, cost, policy, cap, chunk, None, BLOCK_SIZE, HORIZON_FACTOR, record_steps=True).step_table
 
 
 # -- the answers -------------------------------------------------------------------------------------
@@ -323,7 +297,7 @@ def tpot_spread(results, budget_ms: float) -> dict:
 
 def prefill_interference(steps: pd.DataFrame) -> dict:
     with_chunk = steps["prefill_tokens"] > 0
-    decoding = steps["decode_batch"] > 0
+    decoding = steps["batch"] > 0
     carrying = with_chunk & decoding
     plain = ~with_chunk & decoding
     return {
@@ -335,7 +309,7 @@ def prefill_interference(steps: pd.DataFrame) -> dict:
         "mean_added_ms_by_prefill": finite_or_none((steps["duration_s"] - steps["decode_s"])[carrying].mean() * 1e3),
         "mean_prefill_tokens_per_carrying_step": finite_or_none(steps["prefill_tokens"][with_chunk].mean()),
         "mean_step_ms_seen_by_decodes": finite_or_none(np.average(steps["duration_s"][decoding],
-                                                           weights=steps["decode_batch"][decoding]) * 1e3),
+                                                           weights=steps["batch"][decoding]) * 1e3),
     }
 
 
@@ -343,8 +317,8 @@ def context_growth(traces, steps: pd.DataFrame, cost: CostModel, naive: dict) ->
     """The contexts decodes really read, against the curve's fixed per-sequence context."""
     prompts = np.concatenate([t.prompt_tokens for t in traces]).astype(float)
     outputs = np.concatenate([t.output_tokens for t in traces]).astype(float)
-    decoding = steps[steps["decode_batch"] > 0]
-    per_sequence_ctx = float(decoding["decode_ctx_sum"].sum() / decoding["decode_batch"].sum())
+    decoding = steps[steps["batch"] > 0]
+    per_sequence_ctx = float(decoding["ctx_sum"].sum() / decoding["batch"].sum())
     cap, budget_ms = naive["b_max"], naive["tpot_budget_ms"]
 
     def step_ms(ctx):
@@ -365,7 +339,7 @@ def context_growth(traces, steps: pd.DataFrame, cost: CostModel, naive: dict) ->
         "step_ms_at_naive_cap_simulated_context": step_ms(per_sequence_ctx),
         "cap_within_budget_at_simulated_context": largest_batch_within(cost.decode_fixed_s * 1e3, per_seq_ms,
                                                                        budget_ms),
-        "mean_decode_batch": float(decoding["decode_batch"].mean()),
+        "mean_decode_batch": float(decoding["batch"].mean()),
         "simulated_context_cheaper": bool(step_ms(per_sequence_ctx) < naive["step_ms_at_b_max"]),
     }
 
@@ -430,8 +404,8 @@ def run(cfg: dict, master_seed: int, cost: CostModel = EXERCISE2) -> Exercise2Ou
     naive_cell = {"cap": naive["b_max"], **cell_summary(naive_runs, slo)}
     chunks = chunk_sweep(traces, seeds, cost, best_cap, chunk_sizes, slo)
     load = prefill_load(traces, cfg, cost)
-    steps_naive = step_log(traces[0], cost, POLICY, naive["b_max"], chunk, naive_runs[0].end_s)
-    steps_best = step_log(traces[0], cost, POLICY, best_cap, chunk, runs_by_cap[best_cap][0].end_s)
+    steps_naive = step_log(traces[0], cost, POLICY, naive["b_max"], chunk)
+    steps_best = step_log(traces[0], cost, POLICY, best_cap, chunk)
 
     answers = {
         "inputs": {
@@ -460,7 +434,7 @@ def spend_ttft_budget(traces, cost, cap, chunk, slo, load, chunks, steps, budget
     chunked = cell_summary([_run(t, cost, POLICY, cap, chunk, record_tokens=True) for t in traces], slo)
     # the question moves the SLO from mean TPOT to the p99 gap; the budget itself stays what product set
     itl_bound_ms = budget_ms
-    decode_steps = steps[steps["decode_batch"] > 0]
+    decode_steps = steps[steps["batch"] > 0]
     return {
         "prefill_load": load,
         "chunks_per_nominal_prompt": math.ceil(load["nominal_prompt_tokens"] / chunk),
@@ -525,13 +499,13 @@ def explain_gap(traces, cost, naive, best_cap, best_runs, naive_runs, steps_naiv
     prefill's share of every second and the decode batch the load needs), then the four effects the
     static curve leaves out, each measured."""
     naive_cap = naive["b_max"]
-    decoding = steps_best[steps_best["decode_batch"] > 0]
+    decoding = steps_best[steps_best["batch"] > 0]
     below = [c for c in choice["unstable_caps"] if choice["stable_caps"] and c < min(choice["stable_caps"])]
     return {
         "keep_up": {"unstable_caps": choice["unstable_caps"], "largest_cap_that_falls_behind": max(below, default=None),
                     "smallest_cap_that_keeps_up": min(choice["stable_caps"], default=None),
                     "prefill_fraction": load["prefill_fraction"], "rate_rps": load["rate_rps"],
-                    "mean_decode_batch_at_best_cap": float(decoding["decode_batch"].mean()) if len(decoding) else None,
+                    "mean_decode_batch_at_best_cap": float(decoding["batch"].mean()) if len(decoding) else None,
                     "best_cap": best_cap},
         "queueing_delay": {"best_cap": {"cap": best_cap, **queueing(best_runs)},
                            "naive_cap": {"cap": naive_cap, **queueing(naive_runs)}},

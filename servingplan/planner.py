@@ -16,7 +16,7 @@ from servingplan.capacity import Criterion, capacity as find_capacity, log_bisec
 from servingplan.memory import GB, kv_blocks_for_budget, memory_plan
 from servingplan.metrics import SLO, summarize
 from servingplan.seeds import over_seeds
-from servingplan.sim import simulate
+from servingplan.sim import policies, simulate
 from servingplan.sim.fleet import ROUTERS, simulate_fleet
 from servingplan.workload import generate
 
@@ -60,6 +60,24 @@ def sweep_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
             rows.append({"policy": policy, "max_num_seqs": cap, "chunk_size": sweep["chunk_size"],
                          "rate": rate, "seed": seed, "kv_blocks": blocks,
                          **summarize(result, capstone_slo(slo))})
+    return pd.DataFrame(rows)
+
+
+def chunk_cell(step_model, machine, cap, workload, slo, sweep, memory, seeds) -> pd.DataFrame:
+    """Every chunking policy of the registry at one cap, for each configured chunk size, at today's rate
+    and the capacity target rate, per seed: chunk sizes below the longest prompt split it, and trade
+    shorter stalls for decoding sequences against more steps per prompt."""
+    blocks = kv_blocks(machine, memory)
+    rates = sorted({float(workload["rate"]), float(slo["capacity_target_rate"])})
+    rows = []
+    for policy in (p.name for p in policies.REGISTRY if p.unchunked):
+        for seed, trace in zip(seeds, traces(workload, seeds)):
+            for chunk in sorted(sweep["chunk_sizes"]):
+                for rate in rates:
+                    result = simulate(trace.with_rate(rate), step_model, policy, cap, chunk, blocks,
+                                      memory["block_size"], sweep["horizon_factor"], record_tokens=True)
+                    rows.append({"policy": policy, "max_num_seqs": cap, "chunk_size": chunk, "rate": rate,
+                                 "seed": seed, "kv_blocks": blocks, **summarize(result, capstone_slo(slo))})
     return pd.DataFrame(rows)
 
 

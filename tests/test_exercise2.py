@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from servingplan import exercise2, workload
 from servingplan.costmodel import EXERCISE2, CostModel
 from servingplan.sim import simulate
+from servingplan.sim.steps import STEP_COLUMNS, StepRecorder
 
 SMALL = {"rate": 20.0, "num_requests": 150, "slo_ttft_ms": 2000, "slo_tpot_ms": 12, "chunk_size": 512,
          "sweep_caps": [8, 32, 128], "chunk_sizes": [128, 512], "seeds": 2}
@@ -53,16 +55,37 @@ def test_largest_batch_within_checks_the_inequality(a, b, budget, expected):
     assert exercise2.largest_batch_within(a, b, budget) == expected
 
 
-def test_step_log_replays_the_simulator():
+def test_recorded_steps_are_the_run_itself():
     trace = workload.generate({**workload.EXERCISE2, "num_requests": 120}, 3)
-    result = simulate(trace, EXERCISE2, "continuous_chunked", 16, 512)
-    steps = exercise2.step_log(trace, EXERCISE2, "continuous_chunked", 16, 512, result.end_s)
-    assert len(steps) == result.steps
+    plain = simulate(trace, EXERCISE2, "continuous_chunked", 16, 512)
+    recorded = simulate(trace, EXERCISE2, "continuous_chunked", 16, 512, record_steps=True)
+    steps = recorded.step_table
+    # recording changes nothing of the run, and its rows are every step of it, fast-forwarded ones unrolled
+    np.testing.assert_array_equal(recorded.completion_s, plain.completion_s)
+    assert plain.step_table is None
+    assert len(steps) == plain.steps
+    assert list(steps.columns) == list(STEP_COLUMNS)
     last = steps.iloc[-1]
-    assert last.start_s + last.duration_s == pytest.approx(result.end_s, rel=1e-9)
-    assert steps["decode_batch"].max() <= 16
+    assert last.start_s + last.duration_s == pytest.approx(plain.end_s, rel=1e-9)
+    np.testing.assert_allclose(steps["start_s"].iloc[1:].to_numpy(),
+                               (steps["start_s"] + steps["duration_s"]).iloc[:-1].to_numpy(), rtol=1e-12, atol=1e-12)
+    assert steps["batch"].max() <= 16
     assert steps["prefill_tokens"].max() <= 512
     assert steps["prefill_tokens"].sum() == trace.prompt_tokens.sum()
+    assert steps["emitted"].sum() == trace.output_tokens.sum()
+    np.testing.assert_allclose(steps["prefill_s"] + steps["decode_s"], steps["duration_s"], rtol=1e-9)
+    # each row's time is the step-time model's for that row's batch, context and prefill calls
+    for row in steps.sample(50, random_state=0).itertuples():
+        assert row.duration_s == pytest.approx(EXERCISE2.step_time(row.batch, row.ctx_sum, row.prefill_calls,
+                                                                   row.ctx_max), rel=1e-9)
+
+
+def test_recorder_refuses_columns_it_was_not_given():
+    recorder = StepRecorder(extra_columns=("overhead_s",))
+    with pytest.raises(ValueError, match="extra columns"):
+        recorder.record(0.0, 1.0, 1, 10, 10, [], 0, 0, 1, 0.0, 1.0)
+    recorder.record(0.0, 1.0, 1, 10, 10, [(4, 0)], 1, 0, 1, 0.2, 0.8, overhead_s=0.0)
+    assert list(recorder.frame().columns) == list(STEP_COLUMNS) + ["overhead_s"]
 
 
 def test_tpot_floor_is_the_fixed_cost_over_the_spare_second():

@@ -20,7 +20,8 @@ from servingplan import exercise2, planner
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.profiling.fit import fit_profile
-from servingplan.report.render import write_report
+from servingplan.report.outline import OUTLINE
+from servingplan.report.render import environment, write_report
 from servingplan.serving.replay import compare, request_pairs
 from servingplan.sim import simulate
 from servingplan.validation import headline
@@ -50,7 +51,7 @@ CAPS = (2, 8)
 def small_config(scenario: str, title: str = HOSTILE_TITLE) -> dict:
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["workload"]["num_requests"] = 40
-    config["sweep"].update(policies=list(POLICIES), caps=list(CAPS), rates=[1.0, 3.0], seeds=2)
+    config["sweep"].update(policies=list(POLICIES), caps=list(CAPS), rates=[1.0, 3.0], seeds=2, chunk_sizes=[128, 512])
     config["capacity"]["tolerance"] = 0.15
     config["memory"]["budget_gb"] = SCENARIOS[scenario]["budget_gb"]
     config["cost"].update(price_per_hour=SCENARIOS[scenario]["price_per_hour"], max_replicas=4)
@@ -152,7 +153,9 @@ def write_validation(directory: Path, cost: CostModel, config: dict) -> dict:
         "policy": "continuous_chunked", "max_num_seqs": validation["cap"], "chunk_size": 512, "kv_blocks": 1000,
         "stable_capacity_rps": stable_rps, "stable_capacity_interval": [1.8, 2.2], "traces": traces,
         "machine_drift": {"ratio": drift, "before": {"points": [], "ratio": drift}, "after": {"points": [], "ratio": drift}},
-        "headline": headline(comparison, steps, validation, drift)})
+        "headline": headline(comparison, steps, validation, drift),
+        # what the issue-10 engine adds: its measured peak memory while serving
+        "serving_memory": {"peak_rss_bytes": 1_050_000_000, "max_num_seqs": validation["cap"]}})
     return paths
 
 
@@ -172,6 +175,9 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     config = small_config(scenario, title)
     cost = SCENARIOS[scenario]["cost"]
     meta = machine_meta(cost)
+    if scenario == "unstable":
+        # what the issue-10 profiler adds: the machine's speed over the run, here moving more than 10%
+        meta["speed"] = {"moved_pct": 14.0, "moved_more_than_10pct": True, "trace": []}
     seeds = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
     d = Path(directory)
     paths = {name: d / f for name, f in {
@@ -199,6 +205,8 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     paths["fleet"] = [d / "fleet" / f"{f['policy']}_cap{f['max_num_seqs']}.json" for f in fleets]
     for path, fleet in zip(paths["fleet"], fleets):
         write_json(path, fleet)
+    paths["chunks"] = d / "capstone_chunk_sweep.csv"
+    write_csv(paths["chunks"], pd.concat([planner.chunk_cell(fitted, meta, c, *args) for c in CAPS], ignore_index=True))
     # through CSV and back, as the pipeline's stages hand them on
     write_csv(paths["latency"], latency)
     write_csv(paths["capacity"], capacity)
@@ -360,9 +368,10 @@ def test_without_validation_files_the_section_says_so(tmp_path):
     assert not (report["md"].parent / "figures" / "validation_ttft.png").exists()
 
 
-def test_same_inputs_give_the_same_bytes_but_the_date(tmp_path, reports):
+def test_same_inputs_give_the_same_bytes_but_the_date(reports):
     first = reports["all_fail"]
-    second_dir = tmp_path / "again"
+    # beside the first, so the links from tables to their data files are the same relative paths
+    second_dir = Path(first["html"]).parent.parent / "report_again"
     outputs = {"html": second_dir / "report.html", "md": second_dir / "report.md",
                "provenance": second_dir / "provenance.json"}
     logs = Path(first["html"]).parent.parent / "logs"
@@ -400,7 +409,8 @@ def prose_lines(md: str) -> list[str]:
 def test_prose_has_no_code_names_and_no_parenthesised_plurals(reports, scenario):
     md = reports[scenario]["md"].read_text()
     html = reports[scenario]["html"].read_text()
-    html_prose = visible_html_text(re.sub(r"<table\b.*?</table>", " ", html, flags=re.S))
+    # tables may name a term in a heading, and a table's data link shows its file's name
+    html_prose = visible_html_text(re.sub(r"<table\b.*?</table>|<p class=\"source\">.*?</p>", " ", html, flags=re.S))
     for line in prose_lines(md) + [html_prose]:
         assert SNAKE_CASE.findall(line) == [], line[:200]
         assert PLURAL_PARENTHESIS.findall(line) == [], line[:200]
@@ -416,3 +426,30 @@ def test_first_screen_has_the_bottom_line_and_spells_out_the_metrics(reports, sc
     assert md[first_ttft - len("time to first token ("):first_ttft] == "time to first token ("
     first_tpot = md.index("TPOT")
     assert md[first_tpot - len("time per output token ("):first_tpot] == "time per output token ("
+
+
+def test_html_links_each_table_to_its_data(reports):
+    report = reports["all_pass"]
+    html = report["html"].read_text()
+    tables = len(re.findall(r"<table\b", html))
+    links = re.findall(r'<p class="source">Data: (.*?)</p>', html)
+    # every table but the provenance record points at the file it came from
+    assert len(links) == tables - 1
+    for href in re.findall(r'<p class="source">.*?</p>', html):
+        for target in re.findall(r'href="([^"]+)"', href):
+            assert (report["html"].parent / target).resolve().is_file(), target
+
+
+def test_measured_serving_memory_and_speed_warning_are_shown(reports):
+    unstable = reports["unstable"]["md"].read_text()
+    summary = unstable.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "Warning: this machine's speed moved by 14% during the run" in summary
+    assert "Warning:" not in reports["all_pass"]["md"].read_text().split("\n## ", 2)[1]
+    assert "peaked at 1.05 GB of process memory" in unstable
+    assert re.search(r"^\| Memory \|[^|]*\| [^|]*1\.05 GB measured while serving at cap 8", unstable, flags=re.M)
+
+
+@pytest.mark.parametrize("template", ["report.html.j2", "report.md.j2"])
+def test_both_templates_lay_out_the_one_outline(template):
+    blocks = set(environment().get_template(template).blocks)
+    assert blocks == {section.id for section in OUTLINE}

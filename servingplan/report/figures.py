@@ -82,7 +82,7 @@ def prefill_profile(profile: pd.DataFrame, cost, heldout_ids: set) -> Figure:
     ax.set_xlabel("prompt tokens in the call")
     ax.set_ylabel("prefill latency (ms)")
     ax.set_title("Prefill: one prompt (batch 1)")
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -452,7 +452,7 @@ def cost_vs_replicas(price_per_hour: float, tokens_per_s: float, target_per_1k: 
     ax.set_ylabel("$ per 1,000 output tokens")
     ax.set_title(f"Cost at today's traffic ({tokens_per_s:.0f} output tokens/s)")
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -553,8 +553,11 @@ def exercise2_chunks(means: pd.DataFrame, bound_ms: float) -> Figure:
     fig, axes = _figure(height=3.2)
     ax = axes[0, 0]
     chunks = means["chunk_size"].to_numpy(int)
-    ax.plot(chunks, _defined(means["itl_ms_p99"]), "o-", color="#d62728", label="p99 inter-token gap")
-    ax.plot(chunks, _defined(means["itl_ms_max"]), "s--", color="#ff7f0e", label="largest inter-token gap")
+    ax.plot(chunks, _defined(means["itl_ms_p99"]), "o-", color="#D55E00", label="p99 inter-token gap")
+    ax.plot(chunks, _defined(means["itl_ms_max"]), "s--", color="#E69F00", label="largest inter-token gap")
+    unstable = ~means["stable"].astype(bool).to_numpy()
+    ax.plot(chunks[unstable], [0.03] * int(unstable.sum()), "x", color="black", ms=7, mew=1.5, ls="",
+            transform=ax.get_xaxis_transform(), label="unstable: the queue grows (no value)")
     ax.axhline(bound_ms, color=TARGET_COLOR, ls=":", lw=1.2, label=f"bound {bound_ms:g} ms")
     ax.set_xscale("log", base=2)
     ax.set_xticks(chunks, [str(c) for c in chunks])
@@ -562,5 +565,5 @@ def exercise2_chunks(means: pd.DataFrame, bound_ms: float) -> Figure:
     ax.set_xlabel("prefill chunk size (tokens, log)")
     ax.set_ylabel("inter-token gap (ms)")
     ax.set_title("Inter-token stalls vs chunk size (chunked prefill, best cap)")
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig

@@ -8,7 +8,8 @@ of paths (fleet: the planner's fleet cells); the three validation files and the 
 optional. Every number the report shows is read from those files, from the run's config, or computed
 here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
 source's own workload figures (config `reference`), the reference the calibration is checked against.
-The templates hold the words and the conditionals that choose them, never a number.
+The templates hold the words and the conditionals that choose them, never a number; both lay out
+the one outline of servingplan.report.outline.
 
 The HTML is self-contained (figures as base64 PNG, inline CSS and JS) and lets the reader change
 the price per hour; the Markdown links PNG files written beside it. Both are byte-identical for
@@ -20,6 +21,7 @@ import base64
 import datetime as dt
 import hashlib
 import math
+import os
 import platform
 import re
 import subprocess
@@ -38,6 +40,7 @@ from servingplan.costmodel import CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
 from servingplan.report import figures
+from servingplan.report.outline import OUTLINE
 from servingplan.seeds import over_seeds
 from servingplan.sim import policies
 from servingplan.workload import expected_length, generate
@@ -81,6 +84,7 @@ class RunResults:
     ex2_curve: pd.DataFrame
     validation: Validation | None
     fleet_cells: list[dict]
+    chunks: pd.DataFrame | None = None
 
 
 def load_results(inputs: Mapping) -> RunResults:
@@ -101,6 +105,7 @@ def load_results(inputs: Mapping) -> RunResults:
         exercise2=read_json(inputs["exercise2"]), ex2_caps=csv("ex2_caps"), ex2_chunks=csv("ex2_chunks"),
         ex2_curve=csv("ex2_curve"), validation=validation,
         fleet_cells=[read_json(path) for path in inputs.get("fleet") or []],
+        chunks=csv("chunks") if inputs.get("chunks") else None,
     )
 
 
@@ -261,6 +266,10 @@ def profiling_section(run: RunResults, traces) -> dict:
         "physical": report["physical"],
         "systematic_parts": sorted(part for part, found in report["residual_structure"].items()
                                    if found["systematic"]),
+        "decode_table": [{"batch": b, "table_ms": seconds * 1e3,
+                          "line_ms": (run.cost_model.decode_fixed_s + run.cost_model.decode_per_seq_s * b) * 1e3}
+                         for b, seconds in run.cost_model.decode_batch_fixed_s],
+        "decode_table_largest": max((b for b, _ in run.cost_model.decode_batch_fixed_s), default=None),
         "batched_prefill": report.get("batched_prefill", []),
         "batched_largest": _largest_batched(report.get("batched_prefill", [])),
         "holdout_fraction": report["holdout"]["fraction"],
@@ -341,6 +350,7 @@ def simulation_section(run: RunResults, config: dict, traces) -> dict:
         "percentile": slo["ttft_percentile"], "slo_ms": slo["ttft_ms"], "tpot_ms": slo["tpot_ms"],
         "seeds": len(sweep_seeds(run.latency)),
         "cells": cells,
+        "policy_labels": [policies.label(p) for p in sorted(run.latency["policy"].unique(), key=policies.order)],
         "n_cells": len(cells),
         "n_stable_today": sum(c["stable"] for c in cells),
         "n_meeting_slo_today": sum(c["ttft_ms"] is not None and c["ttft_ms"] <= slo["ttft_ms"] for c in cells),
@@ -355,6 +365,31 @@ def simulation_section(run: RunResults, config: dict, traces) -> dict:
         "chunk_size": config["sweep"]["chunk_size"],
         "prompts_fit_one_chunk": max(int(t.prompt_tokens.max()) for t in traces) <= config["sweep"]["chunk_size"],
     }
+
+
+def chunk_section(run: RunResults, config: dict, traces) -> dict | None:
+    """The capstone's chunk sweep at today's rate, per cap and chunk size: the p99 inter-token gap and the
+    TTFT percentile, none for a cell whose queue grows; and the comparison of the smallest and largest
+    chunk at the largest cap where both keep up."""
+    if run.chunks is None or run.chunks.empty:
+        return None
+    slo, today = config["slo"], float(config["workload"]["rate"])
+    pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
+    cells = over_seeds(run.chunks, ["policy", "max_num_seqs", "chunk_size", "rate"])
+    cells = cells[np.isclose(cells["rate"], today)]
+    rows = [{"policy_label": policies.label(r["policy"]), "cap": int(r["max_num_seqs"]), "chunk": int(r["chunk_size"]),
+             "stable": bool(r["stable"]), "itl_ms_p99": clean(r["itl_ms_p99"]), "ttft_ms": clean(r[pct])}
+            for r in cells.sort_values(["max_num_seqs", "chunk_size"]).to_dict(orient="records")]
+    chunks = sorted(int(c) for c in cells["chunk_size"].unique())
+    both = [cap for cap in sorted({r["cap"] for r in rows})
+            if all(r["stable"] for r in rows if r["cap"] == cap and r["chunk"] in (chunks[0], chunks[-1]))]
+    compare = None
+    if both and len(chunks) > 1:
+        at = {r["chunk"]: r for r in rows if r["cap"] == both[-1]}
+        compare = {"cap": both[-1], "small": at[chunks[0]], "large": at[chunks[-1]]}
+    longest = max(int(t.prompt_tokens.max()) for t in traces)
+    return {"rows": rows, "chunks": chunks, "compare": compare, "longest_prompt": longest,
+            "splitting": [c for c in chunks if c < longest]}
 
 
 def _capacity(capacity: pd.DataFrame, name: str, key) -> dict:
@@ -594,6 +629,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "profiling": profiling_section(run, traces),
         "workload": workload_section(config, traces, clean(run.recommendation)),
         "simulation": simulation_section(run, config, traces),
+        "chunk_sweep": chunk_section(run, config, traces),
         "memory": memory_section(run),
         "cost": cost,
         "cost_data": browser_cost_data(cost),
@@ -602,6 +638,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "assumptions": assumptions_section(run, config),
         "provenance": provenance_record,
         "policy_label": policies.label,
+        "outline": OUTLINE,
     }
 
 
@@ -609,7 +646,7 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
         # Markdown too: config text must not become raw HTML there either, and entities render as characters.
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "md.j2"), default_for_string=False),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "md.j2", "text.j2"), default_for_string=False),
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
     )
     env.filters.update(FILTERS)
@@ -662,6 +699,13 @@ def png_css_size(png: bytes) -> tuple[int, int]:
     return width // 2, height // 2
 
 
+def table_sources(inputs: Mapping, html_path) -> dict:
+    """Each single-file input as a link relative to the HTML page, so a table can point at its data."""
+    base = Path(html_path).resolve().parent
+    return {key: {"href": Path(os.path.relpath(Path(path).resolve(), base)).as_posix(), "name": Path(path).name}
+            for key, path in inputs.items() if isinstance(path, (str, Path))}
+
+
 def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = FIGURE_DIR_NAME) -> tuple[str, str]:
     """(HTML, Markdown) of the report; the HTML embeds the figures, the Markdown links them."""
     env = environment()
@@ -684,7 +728,7 @@ def write_report(inputs: Mapping, config: dict, config_hash: str, machine_finger
     run = load_results(inputs)
     traces = workload_traces(config["workload"], sweep_seeds(run.latency))
     record = provenance(inputs, config_hash, machine_fingerprint, log_dir)
-    context = build_context(run, config, record, traces)
+    context = {**build_context(run, config, record, traces), "sources": table_sources(inputs, html_path)}
     figure_png = build_figures(run, config, context, traces)
     html, md = render(context, figure_png)
 
