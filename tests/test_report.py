@@ -414,6 +414,8 @@ def test_prose_has_no_code_names_and_no_parenthesised_plurals(reports, scenario)
     for line in prose_lines(md) + [html_prose]:
         assert SNAKE_CASE.findall(line) == [], line[:200]
         assert PLURAL_PARENTHESIS.findall(line) == [], line[:200]
+        # sentences joined by a template's conditional without a space between them
+        assert re.findall(r"[a-z)%]\.[A-Z][a-z]", line) == [], line[:200]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
