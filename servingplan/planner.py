@@ -333,7 +333,7 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
                      key=lambda c: (-c["n_pass"], c["speedup_needed"] if c["speedup_needed"] is not None else math.inf,
                                     c["latency_ms"] if c["latency_ms"] is not None else math.inf))
         status = "not_met"
-    takes = _what_it_would_take(fleets, memory, price, demand, cost_cfg, chosen, today_rate)
+    takes = _what_it_would_take(fleets, memory, price, demand, cost_cfg, chosen, today_rate, capacity_frame)
     floor = prefill_floor(step_model, traces(workload, seeds), slo["ttft_percentile"])
     reason = _reason(status, chosen, floor, slo, takes)
     return {
@@ -385,8 +385,20 @@ def _keep_up(chosen: dict, today_rate: float, price: float, demand: float) -> di
             "cost_per_1k_interval": [money.cost_per_1k_tokens(price, n, demand) for n in counts]}
 
 
+def _speedup_interval(factor: float, bracket, keeps_up: dict) -> list[float]:
+    """The speed-up needed, as an interval: the search's bracket, widened by the capacity stage's interval
+    when it carries the measured speed band. A machine slower than profiled needs a proportionally
+    larger speed-up, and its stable rate moves in proportion to its speed, so the interval of the
+    stable rate scales the speed-up inversely."""
+    lo, hi = bracket if bracket and bracket[1] is not None else (factor, factor)
+    if not keeps_up["with_speed_band"] or not keeps_up["interval"][0]:
+        return [lo, hi]
+    rate_lo, rate_hi = keeps_up["interval"]
+    return [lo * keeps_up["rps"] / rate_hi, hi * keeps_up["rps"] / rate_lo]
+
+
 def _what_it_would_take(fleets: dict, memory: pd.DataFrame, price: float, demand: float, cost_cfg: dict,
-                        chosen: dict, today_rate: float) -> dict:
+                        chosen: dict, today_rate: float, capacity_frame: pd.DataFrame) -> dict:
     fits = set(map(tuple, memory[memory["fits_reserved"]][["policy", "max_num_seqs"]].itertuples(index=False)))
     best_fleet = {}
     for router in cost_cfg["routers"]:
@@ -411,8 +423,10 @@ def _what_it_would_take(fleets: dict, memory: pd.DataFrame, price: float, demand
         "max_replicas_within_cost": money.max_replicas_within(price, demand, cost_cfg["target_per_1k_tokens"]),
         "keep_up": None if chosen["stable_today"] else _keep_up(chosen, today_rate, price, demand),
         "speedup": None if best_speedup is None else
-        {"factor": best_speedup[0], "interval": best_speedup[2], "policy": best_speedup[1][0],
-         "max_num_seqs": best_speedup[1][1]},
+        {"factor": best_speedup[0], "policy": best_speedup[1][0], "max_num_seqs": best_speedup[1][1],
+         "interval": _speedup_interval(best_speedup[0], best_speedup[2],
+                                       _capacity_row(capacity_frame, "stable", *best_speedup[1])),
+         "with_speed_band": _capacity_row(capacity_frame, "stable", *best_speedup[1])["with_speed_band"]},
     }
 
 

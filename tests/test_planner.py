@@ -219,3 +219,11 @@ def test_the_slow_machine_gets_a_physical_reason_and_the_prefill_terms_to_speed_
     assert set(shares) <= {"prefill_fixed_s", "prefill_per_token_s", "prefill_per_token_sq_s"}
     assert sum(shares.values()) == pytest.approx(1.0)
     assert plan["next_step"] == "rerun_on_target_machine"
+
+
+def test_speedup_interval_widens_with_the_measured_speed_band():
+    band = {"rps": 2.0, "interval": [1.0, 4.0], "with_speed_band": True}
+    # half the stable rate means a machine half as fast: twice the speed-up; twice the rate, half of it
+    assert planner._speedup_interval(3.0, [2.8, 3.0], band) == pytest.approx([1.4, 6.0])
+    seeds_only = dict(band, with_speed_band=False)
+    assert planner._speedup_interval(3.0, [2.8, 3.0], seeds_only) == [2.8, 3.0]
