@@ -290,8 +290,13 @@ def capacity_per_cap(capacity: pd.DataFrame, today_rate: float, target_rate: flo
             x = np.array([positions[c] for c in rows["max_num_seqs"]]) + offset
             y = rows["capacity_rps"].to_numpy(float)
             met = y > 0
-            low = np.maximum(rows["capacity_min_rps"].to_numpy(float), floor)
-            yerr = np.vstack([y - low, rows["capacity_max_rps"].to_numpy(float) - y])[:, met]
+            # the capacity stage's interval (seeds and measured speed band) when it wrote one, else the seeds'
+            lo_rps, hi_rps = rows["capacity_min_rps"].astype(float), rows["capacity_max_rps"].astype(float)
+            if "interval_lo_rps" in rows:
+                lo_rps = rows["interval_lo_rps"].astype(float).fillna(lo_rps)
+                hi_rps = rows["interval_hi_rps"].astype(float).fillna(hi_rps)
+            low = np.maximum(lo_rps.to_numpy(float), floor)
+            yerr = np.vstack([y - low, hi_rps.to_numpy(float) - y])[:, met]
             label = f"{policy_label(policy)}: {'TTFT SLO met' if filled else 'keeps up at all'}"
             ax.errorbar(x[met], y[met], yerr=yerr, fmt=POLICY_MARKERS.get(policy, "o"), color=POLICY_COLORS.get(policy),
                         mfc=POLICY_COLORS.get(policy) if filled else "white", ms=6, capsize=3, label=label)
