@@ -5,6 +5,7 @@ import os
 
 from servingplan.config import check_or_exit
 from servingplan.profiling.machine import fingerprint
+from servingplan.sim.policies import wildcard as policy_wildcard
 
 check_or_exit(config)
 
@@ -16,7 +17,7 @@ SEEDS = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
 CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
 
 wildcard_constraints:
-    policy="static|continuous|continuous_chunked",
+    policy=policy_wildcard(),
     cap=r"\d+",
 
 

@@ -30,6 +30,27 @@ rule sweep_cell:
         "../scripts/sweep_cell.py"
 
 
+rule chunk_cell:
+    input:
+        costmodel=rules.fit.output.costmodel,
+        machine=rules.profile.output.machine,
+        code=SIM_SOURCES + sources("planner.py"),
+    output:
+        "results/sweep/chunks/cap{cap}.csv",
+    params:
+        **SIM_PARAMS,
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=15,
+    log:
+        "results/logs/chunks/cap{cap}.log",
+    benchmark:
+        "results/benchmarks/chunks/cap{cap}.tsv"
+    script:
+        "../scripts/chunk_cell.py"
+
+
 rule capacity_cell:
     input:
         costmodel=rules.fit.output.costmodel,
@@ -56,9 +77,11 @@ rule collect:
     input:
         sweep=expand("results/sweep/cells/{cell}.csv", cell=CELLS),
         capacity=expand("results/capacity/cells/{cell}.json", cell=CELLS),
+        chunks=expand("results/sweep/chunks/cap{cap}.csv", cap=config["sweep"]["caps"]),
         code=sources("pipeline.py", "io.py"),
     output:
         latency="results/sweep/latency.csv",
+        chunks="results/sweep/chunk_sweep.csv",
         capacity="results/capacity/capacity.csv",
     threads: 1
     resources:

@@ -14,6 +14,7 @@ import yaml
 
 from servingplan import architecture
 from servingplan.memory import GB, reserved_tokens_per_seq
+from servingplan.sim.policies import POLICIES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
@@ -160,6 +161,7 @@ def check(config: dict) -> None:
     if found:
         raise ConfigError(f"config error: {_key(found[0])} = {found[1]!r}: must be a finite number")
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["definitions"]["policy"]["enum"] = list(POLICIES)
     validator = _Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if errors:

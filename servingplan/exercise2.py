@@ -2,13 +2,13 @@
 
 Every figure of tasks 2.1-2.6 is computed here: the decode curve and its affine fit, the cap the
 curve alone allows, the sweep of caps the exercise runs, a chunk-size sweep for an inter-token
-latency bound, and the simulated effects the static curve leaves out. A step-by-step replay of
-the scheduler (`step_log`) gives the per-step view the simulator's fast-forward does not keep.
+latency bound, and the simulated effects the static curve leaves out. The simulator's step
+recorder gives the per-step view a run's summary does not keep.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,8 @@ import pandas as pd
 from servingplan import workload
 from servingplan.costmodel import EXERCISE2, CostModel, decode_curve
 from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
-from servingplan.sim import Scheduler, Seq, simulate
+from servingplan.seeds import over_seeds
+from servingplan.sim import simulate
 from servingplan.sim.fleet import ROUTERS, simulate_fleet
 from servingplan.workload import Trace
 
@@ -113,6 +114,7 @@ def naive_cap_answer(fit: dict, budget_ms: float) -> dict:
         "a_ms": a, "b_ms": b, "tpot_budget_ms": budget_ms,
         "b_max_real": (budget_ms - a) / b,
         "b_max": cap,
+        "b_max_plus_1": cap + 1,
         "step_ms_at_b_max": a + b * cap,
         "step_ms_at_b_max_plus_1": a + b * (cap + 1),
     }
@@ -144,40 +146,61 @@ def run_figures(result, slo: SLO) -> dict:
     return row
 
 
-def mean_over_seeds(rows: list[dict]) -> dict:
-    """Mean of each figure over seeds. A figure undefined (None or NaN) in any seed stays undefined;
-    `stable` holds only if every seed was stable; booleans average to the share of seeds."""
-    out = {}
-    for key in rows[0]:
-        values = [row[key] for row in rows]
-        if key == "stable":
-            out[key] = all(values)
-        elif any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
-            out[key] = None
-        elif all(v == values[0] for v in values):
-            out[key] = values[0]
-        else:
-            out[key] = float(np.mean([float(v) for v in values]))
-    return out
-
-
 def with_means(rows: list[dict], key: str) -> pd.DataFrame:
-    """Per-seed rows (stat "run") followed by one "mean" row per value of `key`."""
-    means = []
-    for value in sorted({row[key] for row in rows}):
-        group = [{k: v for k, v in row.items() if k != "seed"} for row in rows if row[key] == value]
-        means.append({"stat": "mean", "seed": None, **mean_over_seeds(group)})
-    frame = pd.DataFrame([{"stat": "run", **row} for row in rows] + means)
+    """Per-seed rows (stat "run") followed by one "mean" row per value of `key` (and of `reading`, when
+    the rows carry one), aggregated over seeds the one way the pipeline does (servingplan.seeds)."""
+    runs = pd.DataFrame(rows)
+    by = [c for c in ("reading", key) if c in runs]
+    means = over_seeds(runs, by).drop(columns="seeds").assign(stat="mean", seed=None)
+    frame = pd.concat([runs.assign(stat="run"), means], ignore_index=True)
     frame["seed"] = frame["seed"].astype("Int64")
-    return frame
+    return frame[["stat"] + [c for c in frame.columns if c != "stat"]]
 
 
-def cap_sweep(traces, seeds, cost, caps, chunk, slo) -> tuple[pd.DataFrame, dict]:
-    """The exercise's sweep: its table, and every run by cap for the answers that look inside."""
-    runs = {cap: [_run(trace, cost, POLICY, cap, chunk) for trace in traces] for cap in caps}
-    rows = [{"max_num_seqs": cap, "seed": seed, **run_figures(result, slo)}
-            for cap in caps for seed, result in zip(seeds, runs[cap])]
+def literal_curve_model(preset: CostModel = EXERCISE2) -> CostModel:
+    """The source's curve read literally: b = 0.086 ms per sequence whatever its context, instead of
+    the preset's reading (b spread over the curve's 2,000 KV tokens, so a sequence costs what its own
+    context holds)."""
+    return replace(preset, decode_per_seq_s=preset.decode_per_ctx_token_s * CURVE_CONTEXT_TOKENS,
+                   decode_per_ctx_token_s=0.0, name="exercise2_per_sequence")
+
+
+def cap_sweep(traces, seeds, models: dict, caps, chunk, slo) -> tuple[pd.DataFrame, dict]:
+    """The exercise's sweep under each reading of the curve ({reading: step-time model}): its table,
+    and every run by (reading, cap) for the answers that look inside."""
+    runs = {(reading, cap): [_run(trace, model, POLICY, cap, chunk) for trace in traces]
+            for reading, model in models.items() for cap in caps}
+    rows = [{"reading": reading, "max_num_seqs": cap, "seed": seed, **run_figures(result, slo)}
+            for (reading, cap), results in runs.items() for seed, result in zip(seeds, results)]
     return with_means(rows, "max_num_seqs"), runs
+
+
+def choose_cap(sweep: pd.DataFrame, reading: str) -> dict:
+    """The best cap (highest mean goodput among caps stable on every seed: an unstable run has no
+    goodput) and the recommended one: the smallest stable cap whose mean goodput reaches the best cap's
+    worst seed. Within the seeds' spread a larger cap buys nothing measurable, and costs longer steps
+    and more KV memory."""
+    rows = sweep[sweep["reading"] == reading]
+    means = rows[rows["stat"] == "mean"].set_index("max_num_seqs")
+    stable = means[means["stable"].astype(bool) & means["goodput_rps"].notna()]
+    caps = [int(c) for c in means.index]
+    if stable.empty:
+        return {"reading": reading, "best_cap": None, "recommended_cap": None, "stable_caps": [],
+                "unstable_caps": caps}
+    best = int(stable["goodput_rps"].astype(float).idxmax())
+    seeds_at_best = rows[(rows["stat"] == "run") & (rows["max_num_seqs"] == best)]["goodput_rps"].astype(float)
+    floor = float(seeds_at_best.min())
+    recommended = int(min(c for c, g in stable["goodput_rps"].astype(float).items() if g >= floor))
+    share = stable["attainment"].astype(float)
+    return {"reading": reading, "best_cap": best, "recommended_cap": recommended,
+            "best_goodput_rps": float(stable.loc[best, "goodput_rps"]),
+            "best_seeds_goodput_rps": [floor, float(seeds_at_best.max())],
+            "recommended_goodput_rps": float(stable.loc[recommended, "goodput_rps"]),
+            "best_attainment": float(share[best]), "recommended_attainment": float(share[recommended]),
+            "recommended_is_best": recommended == best,
+            "stable_caps": [int(c) for c in stable.index],
+            "unstable_caps": [c for c in caps if c not in set(int(x) for x in stable.index)],
+            "smallest_stable_cap": int(min(stable.index))}
 
 
 def _means(sweep: pd.DataFrame) -> pd.DataFrame:
@@ -191,36 +214,10 @@ def chunk_sweep(traces, seeds, cost, cap, chunks, slo) -> pd.DataFrame:
     return with_means(rows, "chunk_size")
 
 
-def step_log(trace: Trace, cost: CostModel, policy: str, cap: int, chunk: int, stop_s: float) -> pd.DataFrame:
-    """Every engine step of one run, one at a time: the simulator's arrival and step semantics
-    without its fast-forward, so each step's batch, prefill tokens and cost are visible. Steps
-    starting at or after `stop_s` (the simulated run's end) are not taken."""
-    sched = Scheduler(policy, cap, chunk)
-    seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
-    columns = {name: [] for name in ("start_s", "duration_s", "decode_s", "decode_batch", "decode_ctx_sum",
-                                     "prefill_tokens")}
-
-    def run_until(t: float, until: float) -> float:
-        while t < until and t < stop_s:
-            step = sched.schedule()
-            if step.empty:
-                return until if math.isfinite(until) else t
-            ctx = [s.decode_context for s in step.decodes]
-            decode_s = cost.decode_time(len(ctx), sum(ctx), max(ctx, default=0))
-            duration = cost.step_time(len(ctx), sum(ctx), step.prefill_calls(), max(ctx, default=0))
-            for name, value in zip(columns, (t, duration, decode_s, len(ctx), sum(ctx),
-                                             sum(n for _, n in step.prefills))):
-                columns[name].append(value)
-            t += duration
-            sched.complete(step)
-        return t
-
-    clock = 0.0
-    for seq, arrival in zip(seqs, trace.arrival_s):
-        clock = run_until(clock, float(arrival))
-        sched.add(seq)
-    run_until(clock, math.inf)
-    return pd.DataFrame(columns)
+def step_log(trace: Trace, cost: CostModel, policy: str, cap: int, chunk: int) -> pd.DataFrame:
+    """Every engine step of one run (the simulator's own step recorder): each step's batch, prefill
+    tokens and time, which the summary of a run does not keep."""
+    return simulate(trace, cost, policy, cap, chunk, None, BLOCK_SIZE, HORIZON_FACTOR, record_steps=True).step_table
 
 
 # -- the answers -------------------------------------------------------------------------------------
@@ -271,14 +268,18 @@ def _spread(values) -> dict:
 
 
 def cell_summary(results, slo) -> dict:
-    """Mean over seeds of one configuration's figures."""
-    return mean_over_seeds([run_figures(r, slo) for r in results])
+    """Mean over seeds of one configuration's figures; None where undefined (an unstable run)."""
+    means = over_seeds(pd.DataFrame([run_figures(r, slo) for r in results]).assign(cell=0), ["cell"])
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v)
+            for k, v in means.drop(columns=["cell", "seeds"]).iloc[0].to_dict().items()}
 
 
 def queueing(results) -> dict:
     waits = np.concatenate([per_request(r)["queue_s"].to_numpy() for r in results]) * 1e3
     ttft = np.concatenate([per_request(r)["ttft_s"].to_numpy() for r in results]) * 1e3
-    return {"queue_ms": _spread(waits), "ttft_ms": _spread(ttft),
+    if not all(r.stable for r in results):
+        return {"stable": False}
+    return {"stable": True, "queue_ms": _spread(waits), "ttft_ms": _spread(ttft),
             "queue_share_of_mean_ttft": finite_or_none(np.nanmean(waits) / np.nanmean(ttft))}
 
 
@@ -286,7 +287,9 @@ def tpot_spread(results, budget_ms: float) -> dict:
     frames = [per_request(r) for r in results]
     tpot = np.concatenate([f["tpot_s"].to_numpy() for f in frames]) * 1e3
     tpot = tpot[np.isfinite(tpot)]
-    return {"per_request_tpot_ms": _spread(tpot),
+    if not all(r.stable for r in results):
+        return {"stable": False, "budget_ms": budget_ms}
+    return {"stable": True, "per_request_tpot_ms": _spread(tpot),
             "share_above_budget": float(np.mean(tpot > budget_ms)),
             "budget_ms": budget_ms,
             "p95_over_mean": float(np.percentile(tpot, 95) / tpot.mean())}
@@ -294,7 +297,7 @@ def tpot_spread(results, budget_ms: float) -> dict:
 
 def prefill_interference(steps: pd.DataFrame) -> dict:
     with_chunk = steps["prefill_tokens"] > 0
-    decoding = steps["decode_batch"] > 0
+    decoding = steps["batch"] > 0
     carrying = with_chunk & decoding
     plain = ~with_chunk & decoding
     return {
@@ -306,7 +309,7 @@ def prefill_interference(steps: pd.DataFrame) -> dict:
         "mean_added_ms_by_prefill": finite_or_none((steps["duration_s"] - steps["decode_s"])[carrying].mean() * 1e3),
         "mean_prefill_tokens_per_carrying_step": finite_or_none(steps["prefill_tokens"][with_chunk].mean()),
         "mean_step_ms_seen_by_decodes": finite_or_none(np.average(steps["duration_s"][decoding],
-                                                           weights=steps["decode_batch"][decoding]) * 1e3),
+                                                           weights=steps["batch"][decoding]) * 1e3),
     }
 
 
@@ -314,8 +317,8 @@ def context_growth(traces, steps: pd.DataFrame, cost: CostModel, naive: dict) ->
     """The contexts decodes really read, against the curve's fixed per-sequence context."""
     prompts = np.concatenate([t.prompt_tokens for t in traces]).astype(float)
     outputs = np.concatenate([t.output_tokens for t in traces]).astype(float)
-    decoding = steps[steps["decode_batch"] > 0]
-    per_sequence_ctx = float(decoding["decode_ctx_sum"].sum() / decoding["decode_batch"].sum())
+    decoding = steps[steps["batch"] > 0]
+    per_sequence_ctx = float(decoding["ctx_sum"].sum() / decoding["batch"].sum())
     cap, budget_ms = naive["b_max"], naive["tpot_budget_ms"]
 
     def step_ms(ctx):
@@ -336,8 +339,20 @@ def context_growth(traces, steps: pd.DataFrame, cost: CostModel, naive: dict) ->
         "step_ms_at_naive_cap_simulated_context": step_ms(per_sequence_ctx),
         "cap_within_budget_at_simulated_context": largest_batch_within(cost.decode_fixed_s * 1e3, per_seq_ms,
                                                                        budget_ms),
-        "mean_decode_batch": float(decoding["decode_batch"].mean()),
+        "mean_decode_batch": float(decoding["batch"].mean()),
+        "simulated_context_cheaper": bool(step_ms(per_sequence_ctx) < naive["step_ms_at_b_max"]),
     }
+
+
+def raw_goodput_peak(sweep: pd.DataFrame, reading: str) -> dict:
+    """The cap a naive reading of the sweep would pick: the most good requests per second in any single
+    run, stable or not. When that run is unstable its goodput is an artefact of the trace's length (the
+    queue keeps growing), which is why the recommendation only compares caps that keep up."""
+    runs = sweep[(sweep["reading"] == reading) & (sweep["stat"] == "run")].dropna(subset=["goodput_rps"])
+    if runs.empty:
+        return {"raw_peak_cap": None, "raw_peak_cap_unstable": None}
+    peak = runs.loc[runs["goodput_rps"].astype(float).idxmax()]
+    return {"raw_peak_cap": int(peak["max_num_seqs"]), "raw_peak_cap_unstable": not bool(peak["stable"])}
 
 
 def pick_chunk(chunks: pd.DataFrame, itl_bound_ms: float) -> dict:
@@ -346,7 +361,15 @@ def pick_chunk(chunks: pd.DataFrame, itl_bound_ms: float) -> dict:
     means = _means(chunks).sort_values("chunk_size")
     meets = means[means["itl_ms_p99"].notna() & (means["itl_ms_p99"].astype(float) <= itl_bound_ms)]
     meets_stable = meets[meets["stable"].astype(bool)]
+    stable = means[means["stable"].astype(bool) & means["itl_ms_p99"].notna()]
+    if len(meets_stable):
+        chosen, basis = int(meets_stable["chunk_size"].max()), "meets_bound"
+    elif len(stable):
+        chosen, basis = int(stable.loc[stable["itl_ms_p99"].astype(float).idxmin(), "chunk_size"]), "smallest_gap"
+    else:
+        chosen, basis = None, "none_stable"
     return {
+        "chosen_chunk": chosen, "chosen_chunk_basis": basis,
         "chunk_for_itl_bound": int(meets["chunk_size"].max()) if len(meets) else None,
         "chunk_for_itl_bound_and_stable": int(meets_stable["chunk_size"].max()) if len(meets_stable) else None,
         "per_chunk": [{"chunk_size": int(r.chunk_size), "itl_ms_p99": finite_or_none(r.itl_ms_p99),
@@ -370,15 +393,19 @@ def run(cfg: dict, master_seed: int, cost: CostModel = EXERCISE2) -> Exercise2Ou
     curve = curve_frame(cost)
     fit = read_curve(curve, cost)
     naive = naive_cap_answer(fit, budget_ms)
-    sweep, runs_by_cap = cap_sweep(traces, seeds, cost, caps, chunk, slo)
-    by_cap = _means(sweep).set_index("max_num_seqs")
-    best_cap = int(by_cap["goodput_rps"].astype(float).idxmax())
+    models = {"per_kv_token": cost, "per_sequence": literal_curve_model(cost)}
+    sweep, runs = cap_sweep(traces, seeds, models, caps, chunk, slo)
+    readings = {reading: {**choose_cap(sweep, reading), **raw_goodput_peak(sweep, reading)} for reading in models}
+    by_cap = _means(sweep[sweep["reading"] == "per_kv_token"]).set_index("max_num_seqs")
+    runs_by_cap = {cap: results for (reading, cap), results in runs.items() if reading == "per_kv_token"}
+    # with no cap that keeps up the later answers study the largest one, and say so
+    best_cap = readings["per_kv_token"]["best_cap"] or caps[-1]
     naive_runs = [_run(t, cost, POLICY, naive["b_max"], chunk) for t in traces]
     naive_cell = {"cap": naive["b_max"], **cell_summary(naive_runs, slo)}
     chunks = chunk_sweep(traces, seeds, cost, best_cap, chunk_sizes, slo)
     load = prefill_load(traces, cfg, cost)
-    steps_naive = step_log(traces[0], cost, POLICY, naive["b_max"], chunk, naive_runs[0].end_s)
-    steps_best = step_log(traces[0], cost, POLICY, best_cap, chunk, runs_by_cap[best_cap][0].end_s)
+    steps_naive = step_log(traces[0], cost, POLICY, naive["b_max"], chunk)
+    steps_best = step_log(traces[0], cost, POLICY, best_cap, chunk)
 
     answers = {
         "inputs": {
@@ -392,9 +419,10 @@ def run(cfg: dict, master_seed: int, cost: CostModel = EXERCISE2) -> Exercise2Ou
         "2.1": fit,
         "2.2": naive,
         "2.3": spend_ttft_budget(traces, cost, best_cap, chunk, slo, load, chunks, steps_best, budget_ms),
-        "2.4": predict_then_check(fit, naive, by_cap, best_cap, caps[-1], naive_cell, load, cfg),
+        "2.4": {**predict_then_check(fit, naive, by_cap, best_cap, caps[-1], naive_cell, load, cfg),
+                "readings": readings, "recommended_cap": readings["per_kv_token"]["recommended_cap"]},
         "2.5": explain_gap(traces, cost, naive, best_cap, runs_by_cap[best_cap], naive_runs, steps_naive,
-                           steps_best, budget_ms),
+                           steps_best, budget_ms, readings["per_kv_token"], load),
         "2.6": next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg),
     }
     return Exercise2Outputs(answers, sweep, chunks, curve)
@@ -406,7 +434,7 @@ def spend_ttft_budget(traces, cost, cap, chunk, slo, load, chunks, steps, budget
     chunked = cell_summary([_run(t, cost, POLICY, cap, chunk, record_tokens=True) for t in traces], slo)
     # the question moves the SLO from mean TPOT to the p99 gap; the budget itself stays what product set
     itl_bound_ms = budget_ms
-    decode_steps = steps[steps["decode_batch"] > 0]
+    decode_steps = steps[steps["batch"] > 0]
     return {
         "prefill_load": load,
         "chunks_per_nominal_prompt": math.ceil(load["nominal_prompt_tokens"] / chunk),
@@ -414,6 +442,7 @@ def spend_ttft_budget(traces, cost, cap, chunk, slo, load, chunks, steps, budget
         "whole_prefill": {"policy": "continuous", **whole},
         "chunked_prefill": {"policy": POLICY, "chunk_size": chunk, **chunked},
         "ttft_p95_ratio_chunked_over_whole": _ratio(chunked["ttft_ms_p95"], whole["ttft_ms_p95"]),
+        "chunking_raises_ttft": _raises(chunked["ttft_ms_p95"], whole["ttft_ms_p95"]),
         "itl_p99_ratio_chunked_over_whole": _ratio(chunked["itl_ms_p99"], whole["itl_ms_p99"]),
         "itl_max_ratio_chunked_over_whole": _ratio(chunked["itl_ms_max"], whole["itl_ms_max"]),
         "itl_bound_ms": itl_bound_ms, "itl_bound_percentile": 99.0,
@@ -465,10 +494,19 @@ def predict_then_check(fit, naive, by_cap, best_cap, largest_cap, naive_cell, lo
 
 
 def explain_gap(traces, cost, naive, best_cap, best_runs, naive_runs, steps_naive, steps_best,
-                budget_ms) -> dict:
-    """2.5: the four effects the static curve leaves out, each measured."""
+                budget_ms, choice: dict, load: dict) -> dict:
+    """2.5: what decides the cap on this workload first (which caps keep up with the load at all:
+    prefill's share of every second and the decode batch the load needs), then the four effects the
+    static curve leaves out, each measured."""
     naive_cap = naive["b_max"]
+    decoding = steps_best[steps_best["batch"] > 0]
+    below = [c for c in choice["unstable_caps"] if choice["stable_caps"] and c < min(choice["stable_caps"])]
     return {
+        "keep_up": {"unstable_caps": choice["unstable_caps"], "largest_cap_that_falls_behind": max(below, default=None),
+                    "smallest_cap_that_keeps_up": min(choice["stable_caps"], default=None),
+                    "prefill_fraction": load["prefill_fraction"], "rate_rps": load["rate_rps"],
+                    "mean_decode_batch_at_best_cap": float(decoding["batch"].mean()) if len(decoding) else None,
+                    "best_cap": best_cap},
         "queueing_delay": {"best_cap": {"cap": best_cap, **queueing(best_runs)},
                            "naive_cap": {"cap": naive_cap, **queueing(naive_runs)}},
         "tpot_spread": {"naive_cap": {"cap": naive_cap, **tpot_spread(naive_runs, budget_ms)},
@@ -483,21 +521,26 @@ def next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg
     """2.6: how far the knob goes at all (every swept cap and the naive one), and what one more
     replica does at the same offered rate."""
     rate = float(cfg["rate"])
-    attainment = {int(c): float(v) for c, v in by_cap["attainment"].items()}
-    attainment[naive_cell["cap"]] = naive_cell["attainment"]
+    # only caps that keep up have an attainment to compare
+    attainment = {int(c): float(v) for c, v in by_cap["attainment"].items() if pd.notna(v)}
+    if naive_cell["attainment"] is not None:
+        attainment[naive_cell["cap"]] = naive_cell["attainment"]
     stable = [int(c) for c, s in by_cap["stable"].items() if s]
     fleet = {router: cell_summary([simulate_fleet(t, cost, POLICY, best_cap, chunk, None, BLOCK_SIZE,
                                                   HORIZON_FACTOR, EXTRA_CAPACITY_REPLICAS, router)
                                    for t in traces], slo)
              for router in ROUTERS}
-    best_router = max(fleet, key=lambda r: fleet[r]["attainment"])
+    best_router = max(fleet, key=lambda r: (fleet[r]["attainment"] is not None, fleet[r]["attainment"] or 0.0, r))
     prefill_s = load["prefill_ms_per_request"] / 1e3
+    floor_ms = tpot_floor_ms(cost, rate, prefill_s, traces)
     return {
-        "best_attainment_over_caps": max(attainment.values()),
-        "cap_of_best_attainment": max(attainment, key=attainment.get),
+        "best_attainment_over_caps": max(attainment.values(), default=None),
+        "cap_of_best_attainment": max(attainment, key=attainment.get) if attainment else None,
         "attainment_over_stable_swept_caps": _range([attainment[c] for c in stable]),
         "prefill_fraction": load["prefill_fraction"],
-        "tpot_floor_ms_any_cap": tpot_floor_ms(cost, rate, prefill_s, traces),
+        "tpot_floor_ms_any_cap": floor_ms,
+        "tpot_floor_state": "no_room" if floor_ms is None else (
+            "above_budget" if floor_ms > float(cfg["slo_tpot_ms"]) else "within_budget"),
         "tpot_budget_ms": float(cfg["slo_tpot_ms"]),
         "replicas": EXTRA_CAPACITY_REPLICAS,
         "prefill_fraction_per_replica": load["prefill_fraction"] / EXTRA_CAPACITY_REPLICAS,
@@ -508,6 +551,11 @@ def next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg
         "fleet_attainment": fleet[best_router]["attainment"],
         "fleet_goodput_over_offered": fleet[best_router]["goodput_over_offered"],
     }
+
+
+def _raises(x, y) -> bool | None:
+    """Whether x is above y; None when either is undefined (an unstable run)."""
+    return None if x is None or y is None else bool(x > y)
 
 
 def _ratio(x, y):

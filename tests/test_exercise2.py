@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from servingplan import exercise2, workload
 from servingplan.costmodel import EXERCISE2, CostModel
 from servingplan.sim import simulate
+from servingplan.sim.steps import STEP_COLUMNS, StepRecorder
 
 SMALL = {"rate": 20.0, "num_requests": 150, "slo_ttft_ms": 2000, "slo_tpot_ms": 12, "chunk_size": 512,
          "sweep_caps": [8, 32, 128], "chunk_sizes": [128, 512], "seeds": 2}
@@ -53,16 +55,37 @@ def test_largest_batch_within_checks_the_inequality(a, b, budget, expected):
     assert exercise2.largest_batch_within(a, b, budget) == expected
 
 
-def test_step_log_replays_the_simulator():
+def test_recorded_steps_are_the_run_itself():
     trace = workload.generate({**workload.EXERCISE2, "num_requests": 120}, 3)
-    result = simulate(trace, EXERCISE2, "continuous_chunked", 16, 512)
-    steps = exercise2.step_log(trace, EXERCISE2, "continuous_chunked", 16, 512, result.end_s)
-    assert len(steps) == result.steps
+    plain = simulate(trace, EXERCISE2, "continuous_chunked", 16, 512)
+    recorded = simulate(trace, EXERCISE2, "continuous_chunked", 16, 512, record_steps=True)
+    steps = recorded.step_table
+    # recording changes nothing of the run, and its rows are every step of it, fast-forwarded ones unrolled
+    np.testing.assert_array_equal(recorded.completion_s, plain.completion_s)
+    assert plain.step_table is None
+    assert len(steps) == plain.steps
+    assert list(steps.columns) == list(STEP_COLUMNS)
     last = steps.iloc[-1]
-    assert last.start_s + last.duration_s == pytest.approx(result.end_s, rel=1e-9)
-    assert steps["decode_batch"].max() <= 16
+    assert last.start_s + last.duration_s == pytest.approx(plain.end_s, rel=1e-9)
+    np.testing.assert_allclose(steps["start_s"].iloc[1:].to_numpy(),
+                               (steps["start_s"] + steps["duration_s"]).iloc[:-1].to_numpy(), rtol=1e-12, atol=1e-12)
+    assert steps["batch"].max() <= 16
     assert steps["prefill_tokens"].max() <= 512
     assert steps["prefill_tokens"].sum() == trace.prompt_tokens.sum()
+    assert steps["emitted"].sum() == trace.output_tokens.sum()
+    np.testing.assert_allclose(steps["prefill_s"] + steps["decode_s"], steps["duration_s"], rtol=1e-9)
+    # each row's time is the step-time model's for that row's batch, context and prefill calls
+    for row in steps.sample(50, random_state=0).itertuples():
+        assert row.duration_s == pytest.approx(EXERCISE2.step_time(row.batch, row.ctx_sum, row.prefill_calls,
+                                                                   row.ctx_max), rel=1e-9)
+
+
+def test_recorder_refuses_columns_it_was_not_given():
+    recorder = StepRecorder(extra_columns=("overhead_s",))
+    with pytest.raises(ValueError, match="extra columns"):
+        recorder.record(0.0, 1.0, 1, 10, 10, [], 0, 0, 1, 0.0, 1.0)
+    recorder.record(0.0, 1.0, 1, 10, 10, [(4, 0)], 1, 0, 1, 0.2, 0.8, overhead_s=0.0)
+    assert list(recorder.frame().columns) == list(STEP_COLUMNS) + ["overhead_s"]
 
 
 def test_tpot_floor_is_the_fixed_cost_over_the_spare_second():
@@ -81,16 +104,20 @@ def test_answers_cover_every_task_and_are_plain_json(outputs):
     assert a["2.2"]["b_max"] == 81
     assert a["2.4"]["best_cap"] in SMALL["sweep_caps"]
     assert a["2.3"]["prefill_load"]["nominal_prefill_fraction"] == pytest.approx(20 * 550 * 47e-6)
-    assert set(a["2.5"]) == {"queueing_delay", "tpot_spread", "prefill_interference", "context_growth"}
+    assert set(a["2.5"]) == {"keep_up", "queueing_delay", "tpot_spread", "prefill_interference", "context_growth"}
+    assert set(a["2.4"]["readings"]) == {"per_kv_token", "per_sequence"}
     assert 0.0 <= a["2.6"]["fleet_attainment"] <= 1.0
 
 
 def test_sweeps_have_a_row_per_cell_and_a_mean_per_value(outputs):
     caps = outputs.cap_sweep
     runs = caps[caps["stat"] == "run"]
-    assert sorted(set(zip(runs["max_num_seqs"], runs["seed"]))) == [
-        (cap, seed) for cap in SMALL["sweep_caps"] for seed in exercise2.exercise_seeds(0, SMALL["seeds"])]
-    assert sorted(caps[caps["stat"] == "mean"]["max_num_seqs"]) == SMALL["sweep_caps"]
+    readings = ["per_kv_token", "per_sequence"]
+    assert sorted(set(zip(runs["reading"], runs["max_num_seqs"], runs["seed"]))) == [
+        (reading, cap, seed) for reading in readings for cap in SMALL["sweep_caps"]
+        for seed in exercise2.exercise_seeds(0, SMALL["seeds"])]
+    means = caps[caps["stat"] == "mean"]
+    assert sorted(zip(means["reading"], means["max_num_seqs"])) == [(r, c) for r in readings for c in SMALL["sweep_caps"]]
     chunks = outputs.chunk_sweep
     assert sorted(chunks[chunks["stat"] == "mean"]["chunk_size"]) == SMALL["chunk_sizes"]
     assert len(chunks[chunks["stat"] == "run"]) == len(SMALL["chunk_sizes"]) * SMALL["seeds"]
@@ -102,3 +129,32 @@ def test_same_seed_same_answers(outputs):
     assert json.dumps(again.answers, sort_keys=True) == json.dumps(outputs.answers, sort_keys=True)
     pd.testing.assert_frame_equal(again.cap_sweep, outputs.cap_sweep)
     pd.testing.assert_frame_equal(again.chunk_sweep, outputs.chunk_sweep)
+
+
+def test_literal_reading_charges_each_sequence_the_same_whatever_its_context():
+    literal = exercise2.literal_curve_model(EXERCISE2)
+    assert literal.decode_time(8, 8 * 100) == literal.decode_time(8, 8 * 4000)
+    # at the curve's own context both readings give the source's table
+    context = exercise2.CURVE_CONTEXT_TOKENS
+    assert literal.decode_time(64, 64 * context) == pytest.approx(EXERCISE2.decode_time(64, 64 * context))
+
+
+def sweep_of(goodput_by_cap_and_seed: dict, unstable=()) -> pd.DataFrame:
+    rows = [{"reading": "r", "max_num_seqs": cap, "seed": seed, "goodput_rps": g, "attainment": g / 20,
+             "stable": cap not in unstable} for cap, per_seed in goodput_by_cap_and_seed.items()
+            for seed, g in enumerate(per_seed)]
+    return exercise2.with_means(rows, "max_num_seqs")
+
+
+def test_recommended_cap_is_the_smallest_within_the_seeds_spread_of_the_best():
+    # 64 is best on average, but 48 reaches its worst seed; 32 does not; 16 does not keep up
+    sweep = sweep_of({16: [9.0, 9.0], 32: [5.0, 5.4], 48: [5.6, 5.8], 64: [5.5, 6.1], 128: [5.5, 6.0]}, unstable={16})
+    choice = exercise2.choose_cap(sweep, "r")
+    assert choice["best_cap"] == 64
+    assert choice["recommended_cap"] == 48
+    assert choice["unstable_caps"] == [16] and choice["smallest_stable_cap"] == 32
+
+
+def test_no_cap_is_chosen_when_none_keeps_up():
+    choice = exercise2.choose_cap(sweep_of({8: [1.0], 32: [2.0]}, unstable={8, 32}), "r")
+    assert choice["best_cap"] is None and choice["recommended_cap"] is None

@@ -53,7 +53,8 @@ def pipeline(tmp_path_factory):
 
 def test_full_run_writes_the_report_and_every_stage_output(pipeline):
     for name in ["results/report/report.html", "results/report/report.md", "results/report/provenance.json",
-                 "results/fit/costmodel.json", "results/sweep/latency.csv", "results/capacity/capacity.csv",
+                 "results/fit/costmodel.json", "results/sweep/latency.csv", "results/sweep/chunk_sweep.csv",
+                 "results/capacity/capacity.csv",
                  "results/plan/memory.csv", "results/plan/recommendation.json", "results/exercise2/answers.json",
                  "results/validation/comparison.csv"]:
         assert (pipeline / name).stat().st_size > 0, name
@@ -64,11 +65,11 @@ def test_noop_rerun_does_nothing(pipeline):
     assert planned_rules(pipeline) == set()
 
 
-def test_price_change_reruns_only_cost_and_report(pipeline):
+def test_price_change_reruns_only_recommend_and_report(pipeline):
     config = yaml.safe_load((pipeline / QUICK).read_text())
     config["cost"]["price_per_hour"] = 2.5
     (pipeline / "config" / "pricier.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    assert planned_rules(pipeline, configfile="config/pricier.yaml") == {"cost", "report", "all"}
+    assert planned_rules(pipeline, configfile="config/pricier.yaml") == {"recommend", "report", "all"}
 
 
 def test_simulator_edit_reruns_simulation_but_not_profiling(pipeline):
@@ -80,7 +81,7 @@ def test_simulator_edit_reruns_simulation_but_not_profiling(pipeline):
         rules = planned_rules(pipeline)
     finally:
         scheduler.write_text(original)
-    assert {"sweep_cell", "capacity_cell", "fleet_cell"} <= rules
+    assert {"sweep_cell", "chunk_cell", "capacity_cell", "fleet_cell"} <= rules
     assert "profile" not in rules and "fit" not in rules
 
 

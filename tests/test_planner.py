@@ -9,7 +9,7 @@ import yaml
 
 from servingplan import planner
 from servingplan.capacity import bisect_rate
-from servingplan.cost import cost_per_1k_tokens, max_replicas_within
+from servingplan.money import cost_per_1k_tokens, max_replicas_within
 from servingplan.costmodel import CostModel
 from servingplan.memory import kv_blocks_for_budget, kv_bytes_per_token, largest_cap, memory_plan
 from servingplan.sim import simulate
@@ -124,7 +124,8 @@ def plan_with(cost_model, price=1.0):
     fleet = planner.fleet_cell(cost_model, *args, config["capacity"], config["cost"])
     memory, _ = planner.memory_table(MACHINE, latency, config["memory"], config["workload"]["rate"])
     cost_cfg = dict(config["cost"], price_per_hour=price)
-    return planner.recommend(latency, capacity_frame, memory, [fleet], cost_cfg, config["slo"], config["workload"], seeds)
+    return planner.recommend(latency, capacity_frame, memory, [fleet], cost_cfg, config["slo"], config["workload"], seeds,
+                             step_model=cost_model, machine=MACHINE)
 
 
 def test_recommendation_when_every_target_is_met():
@@ -147,3 +148,84 @@ def test_price_changes_only_the_cost_verdict():
     cheap, dear = plan_with(FAST, price=1.0), plan_with(FAST, price=1000.0)
     assert {r["target"]: r["passed"] for r in dear["verdict"]}["cost"] is False
     assert dear["chosen"]["latency_ms"] == cheap["chosen"]["latency_ms"]
+
+
+def hand_made_plan(cost_model, interval=None, serving_rss=None, speed=None):
+    """A plan whose capacity rows, machine and validation files carry the fields the issue-10 stages
+    add (an interval with the speed band, the machine's speed trace, the engine's serving memory)."""
+    config = small_config()
+    seeds = [0, 1]
+    args = (MACHINE, "continuous_chunked", 4, config["workload"], config["slo"], config["sweep"], config["memory"],
+            seeds)
+    latency = planner.sweep_cell(cost_model, *args)
+    cap = planner.capacity_cell(cost_model, *args, config["capacity"])
+    rows = []
+    for name, res in cap.items():
+        row = {"criterion_name": name, **{k: v for k, v in res.items() if k != "per_seed"}}
+        if interval:
+            row.update(interval_lo_rps=res["capacity_rps"] * interval[0], interval_hi_rps=res["capacity_rps"] * interval[1])
+        rows.append(row)
+    fleet = planner.fleet_cell(cost_model, *args, config["capacity"], config["cost"])
+    memory, _ = planner.memory_table(MACHINE, latency, config["memory"], config["workload"]["rate"])
+    machine = dict(MACHINE, speed=speed) if speed else MACHINE
+    validation = {"policy": "continuous_chunked", "serving_memory": {"peak_rss_bytes": serving_rss, "max_num_seqs": 4}} \
+        if serving_rss else None
+    return planner.recommend(latency, pd.DataFrame(rows), memory, [fleet], config["cost"], config["slo"],
+                             config["workload"], seeds, step_model=cost_model, machine=machine, validation=validation)
+
+
+def test_capacity_interval_from_the_capacity_stage_is_used_when_present():
+    plan = hand_made_plan(FAST, interval=(0.8, 1.1))
+    chosen = plan["chosen"]
+    assert chosen["capacity_with_speed_band"]
+    assert chosen["capacity_interval"] == pytest.approx([chosen["capacity_rps"] * 0.8, chosen["capacity_rps"] * 1.1])
+    capacity = next(v for v in plan["verdict"] if v["target"] == "capacity")
+    assert capacity["interval"] == chosen["capacity_interval"]
+
+
+def test_memory_target_is_judged_on_the_measured_serving_memory():
+    fits = hand_made_plan(FAST, serving_rss=1.2e9)
+    too_big = hand_made_plan(FAST, serving_rss=2.5e9)
+    assert {v["target"]: v["passed"] for v in fits["verdict"]}["memory"] is True
+    memory = next(v for v in too_big["verdict"] if v["target"] == "memory")
+    assert memory["passed"] is False and memory["measured_bytes"] == 2.5e9
+    assert too_big["status"] == "not_met"
+
+
+def test_machine_speed_moving_more_than_ten_percent_reaches_the_decision():
+    plan = hand_made_plan(FAST, speed={"moved_pct": 14.0, "moved_more_than_10pct": True, "trace": []})
+    assert plan["machine_speed"] == {"moved_pct": 14.0, "moved_more_than_10pct": True}
+    assert hand_made_plan(FAST)["machine_speed"] is None
+
+
+@pytest.mark.parametrize("floor_ms, fits, stable, latency_met, expected", [
+    (600.0, True, False, False, "prefill_floor"),   # no fleet lowers the prefill floor: it comes first
+    (100.0, False, False, False, "memory"),
+    (100.0, True, False, False, "keep_up"),
+    (100.0, True, True, False, "queue"),
+    (100.0, True, True, True, "cost"),
+])
+def test_the_one_reason_is_the_one_no_fleet_fixes_first(floor_ms, fits, stable, latency_met, expected):
+    chosen = {"stable_today": stable, "latency_met": latency_met, "capacity_met": latency_met, "memory_met": True,
+              "keeps_up_rps": 2.0}
+    reason = planner._reason("not_met", chosen, {"floor_ms": floor_ms}, {"ttft_ms": 300.0}, {"any_fits_memory": fits})
+    assert reason["kind"] == expected
+
+
+def test_the_slow_machine_gets_a_physical_reason_and_the_prefill_terms_to_speed_up():
+    plan = plan_with(SLOW)
+    assert plan["reason"]["kind"] == "prefill_floor"
+    shares = plan["prefill_floor"]["term_shares"]
+    assert set(shares) <= {"prefill_fixed_s", "prefill_per_token_s", "prefill_per_token_sq_s"}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert plan["next_step"] == "rerun_on_target_machine"
+
+
+def test_speedup_interval_widens_with_the_measured_speed_band():
+    band = {"fast": {"speedup_needed": 2.5, "speedup_bracket": [2.4, 2.5]},
+            "slow": {"speedup_needed": 3.6, "speedup_bracket": [3.5, 3.6]}}
+    # the searches on the model at its fastest and slowest measured speed bound the speed-up
+    assert planner._speedup_interval(3.0, [2.8, 3.0], band) == pytest.approx([2.4, 3.6])
+    assert planner._speedup_interval(3.0, [2.8, 3.0], {}) == [2.8, 3.0]
+    never = {"slow": {"speedup_needed": None, "speedup_bracket": [1e4, None]}}
+    assert planner._speedup_interval(3.0, [2.8, 3.0], never) == [2.8, 3.0]

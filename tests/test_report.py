@@ -18,9 +18,10 @@ import yaml
 
 from servingplan import exercise2, planner
 from servingplan.costmodel import CostModel
-from servingplan.io import write_csv, write_json
+from servingplan.io import read_json, write_csv, write_json
 from servingplan.profiling.fit import fit_profile
-from servingplan.report.render import write_report
+from servingplan.report.outline import OUTLINE
+from servingplan.report.render import environment, write_report
 from servingplan.serving.replay import compare, request_pairs
 from servingplan.sim import simulate
 from servingplan.validation import headline
@@ -50,7 +51,7 @@ CAPS = (2, 8)
 def small_config(scenario: str, title: str = HOSTILE_TITLE) -> dict:
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["workload"]["num_requests"] = 40
-    config["sweep"].update(policies=list(POLICIES), caps=list(CAPS), rates=[1.0, 3.0], seeds=2)
+    config["sweep"].update(policies=list(POLICIES), caps=list(CAPS), rates=[1.0, 3.0], seeds=2, chunk_sizes=[128, 512])
     config["capacity"]["tolerance"] = 0.15
     config["memory"]["budget_gb"] = SCENARIOS[scenario]["budget_gb"]
     config["cost"].update(price_per_hour=SCENARIOS[scenario]["price_per_hour"], max_replicas=4)
@@ -112,7 +113,10 @@ def profile_points(cost: CostModel, meta: dict) -> pd.DataFrame:
 def capacity_rows(cell: dict):
     """scripts/collect.py's flattening of one capacity cell."""
     for name, result in cell.items():
-        yield {"criterion_name": name, **{k: v for k, v in result.items() if k != "per_seed"},
+        interval = result.get("interval_rps") or [None, None]
+        yield {"criterion_name": name,
+               **{k: v for k, v in result.items() if k not in ("per_seed", "interval_rps", "speed_band")},
+               "interval_lo_rps": interval[0], "interval_hi_rps": interval[1],
                "per_seed_lower": ";".join(f"{s['lower']:.6g}" for s in result["per_seed"]),
                "per_seed_upper": ";".join(f"{s['upper']:.6g}" for s in result["per_seed"])}
 
@@ -149,7 +153,9 @@ def write_validation(directory: Path, cost: CostModel, config: dict) -> dict:
         "policy": "continuous_chunked", "max_num_seqs": validation["cap"], "chunk_size": 512, "kv_blocks": 1000,
         "stable_capacity_rps": stable_rps, "stable_capacity_interval": [1.8, 2.2], "traces": traces,
         "machine_drift": {"ratio": drift, "before": {"points": [], "ratio": drift}, "after": {"points": [], "ratio": drift}},
-        "headline": headline(comparison, steps, validation, drift)})
+        "headline": headline(comparison, steps, validation, drift),
+        # what the issue-10 engine adds: its measured peak memory while serving
+        "serving_memory": {"peak_rss_bytes": 1_050_000_000, "max_num_seqs": validation["cap"]}})
     return paths
 
 
@@ -169,6 +175,9 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     config = small_config(scenario, title)
     cost = SCENARIOS[scenario]["cost"]
     meta = machine_meta(cost)
+    if scenario == "unstable":
+        # what the issue-10 profiler adds: the machine's speed over the run, here moving more than 10%
+        meta["speed"] = {"moved_pct": 14.0, "moved_more_than_10pct": True, "trace": []}
     seeds = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
     d = Path(directory)
     paths = {name: d / f for name, f in {
@@ -196,6 +205,8 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     paths["fleet"] = [d / "fleet" / f"{f['policy']}_cap{f['max_num_seqs']}.json" for f in fleets]
     for path, fleet in zip(paths["fleet"], fleets):
         write_json(path, fleet)
+    paths["chunks"] = d / "capstone_chunk_sweep.csv"
+    write_csv(paths["chunks"], pd.concat([planner.chunk_cell(fitted, meta, c, *args) for c in CAPS], ignore_index=True))
     # through CSV and back, as the pipeline's stages hand them on
     write_csv(paths["latency"], latency)
     write_csv(paths["capacity"], capacity)
@@ -203,16 +214,18 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     memory, memory_summary = planner.memory_table(meta, latency, config["memory"], config["workload"]["rate"])
     write_csv(paths["memory"], memory)
     write_json(paths["memory_summary"], memory_summary)
+    validation_paths = write_validation(d, fitted, config) if with_validation else {}
+    validation = read_json(validation_paths["validation_meta"]) if with_validation else None
     write_json(paths["recommendation"], planner.recommend(latency, capacity, pd.read_csv(paths["memory"]), fleets,
-                                                          config["cost"], config["slo"], config["workload"], seeds))
+                                                          config["cost"], config["slo"], config["workload"], seeds,
+                                                          step_model=fitted, machine=meta, validation=validation))
 
     ex2 = exercise2_outputs(config)
     write_json(paths["exercise2"], ex2.answers)
     write_csv(paths["ex2_caps"], ex2.cap_sweep)
     write_csv(paths["ex2_chunks"], ex2.chunk_sweep)
     write_csv(paths["ex2_curve"], ex2.curve)
-    if with_validation:
-        paths.update(write_validation(d, fitted, config))
+    paths.update(validation_paths)
     return {k: [str(p) for p in v] if isinstance(v, list) else str(v) for k, v in paths.items()}, config
 
 
@@ -315,18 +328,20 @@ def test_all_pass_recommends_without_asking_for_more(reports):
 def test_all_fail_says_what_blocks_it(reports):
     md = reports["all_fail"]["md"].read_text()
     assert "misses all four" in md
-    # its prefill is fast enough: the miss is queueing, which machines can fix
-    assert "the miss is waiting in the queue" in md
-    assert "fits the" in md and "budget beside the weights" in md
+    # nothing fits its memory budget: no fleet or faster machine is offered until that changes
+    assert "The reason is memory" in md and "budget beside the weights" in md
+    assert "Next step: agree a larger memory budget" in md
 
 
 def test_unstable_machine_is_shown_as_unstable(reports):
     md = reports["unstable"]["md"].read_text()
     html = reports["unstable"]["html"].read_text()
     assert "| Latency |" in md and "unstable: the queue grows" in md
-    assert "its queue does not keep up" in md
-    # prefill alone exceeds the TTFT target, so replicas cannot help and the text says so
-    assert "no number of replicas can fix it" in md
+    # prefill alone exceeds the TTFT target, so replicas cannot help and the text says so, naming the
+    # terms the speed-up must come from and the machines merely keeping up would take
+    assert "The reason is physical" in md and "no number of replicas can fix it" in md
+    assert "The speed-up has to come from prefill" in md and "the matrix work per prompt token" in md
+    assert "Merely keeping up with today's traffic takes" in md
     assert re.search(r"<td class=\"num\">unstable</td>", html)
 
 
@@ -353,9 +368,10 @@ def test_without_validation_files_the_section_says_so(tmp_path):
     assert not (report["md"].parent / "figures" / "validation_ttft.png").exists()
 
 
-def test_same_inputs_give_the_same_bytes_but_the_date(tmp_path, reports):
+def test_same_inputs_give_the_same_bytes_but_the_date(reports):
     first = reports["all_fail"]
-    second_dir = tmp_path / "again"
+    # beside the first, so the links from tables to their data files are the same relative paths
+    second_dir = Path(first["html"]).parent.parent / "report_again"
     outputs = {"html": second_dir / "report.html", "md": second_dir / "report.md",
                "provenance": second_dir / "provenance.json"}
     logs = Path(first["html"]).parent.parent / "logs"
@@ -378,3 +394,67 @@ def test_provenance_records_the_run(reports):
     assert set(record["inputs"]) >= {"latency", "recommendation", "validation_meta"}
     assert all(re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]) for entry in record["inputs"].values())
     assert "60.5 s" in report["md"].read_text()
+
+
+SNAKE_CASE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+PLURAL_PARENTHESIS = re.compile(r"\w\(s\)")
+
+
+def prose_lines(md: str) -> list[str]:
+    """The Markdown's sentences: no headings (the title comes from the config), no tables (a term's name may
+    head a row there), no image links."""
+    return [line for line in visible_md_text(md).splitlines() if line.strip() and not line.startswith(("|", "#"))]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_prose_has_no_code_names_and_no_parenthesised_plurals(reports, scenario):
+    md = reports[scenario]["md"].read_text()
+    html = reports[scenario]["html"].read_text()
+    # tables may name a term in a heading, and a table's data link shows its file's name
+    # the page's head and header carry the title from the config, not the report's prose
+    html_prose = visible_html_text(re.sub(r"<head>.*?</head>|<header>.*?</header>|<table\b.*?</table>|<p class=\"source\">.*?</p>",
+                                          " ", html, flags=re.S))
+    for line in prose_lines(md) + [html_prose]:
+        assert SNAKE_CASE.findall(line) == [], line[:200]
+        assert PLURAL_PARENTHESIS.findall(line) == [], line[:200]
+        # sentences joined by a template's conditional without a space between them
+        assert re.findall(r"[A-Za-z0-9)%]\.[A-Z]|[a-z]{2}\(", line) == [], line[:200]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_first_screen_has_the_bottom_line_and_spells_out_the_metrics(reports, scenario):
+    md = reports[scenario]["md"].read_text()
+    summary = md.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "Bottom line:" in summary and "Next step:" in summary
+    assert "the machine the pipeline ran on" in summary and "laptop" in summary
+    first_ttft = md.index("TTFT")
+    assert md[first_ttft - len("time to first token ("):first_ttft] == "time to first token ("
+    first_tpot = md.index("TPOT")
+    assert md[first_tpot - len("time per output token ("):first_tpot] == "time per output token ("
+
+
+def test_html_links_each_table_to_its_data(reports):
+    report = reports["all_pass"]
+    html = report["html"].read_text()
+    tables = len(re.findall(r"<table\b", html))
+    links = re.findall(r'<p class="source">Data: (.*?)</p>', html)
+    # every table but the provenance record points at the file it came from
+    assert len(links) == tables - 1
+    for href in re.findall(r'<p class="source">.*?</p>', html):
+        for target in re.findall(r'href="([^"]+)"', href):
+            assert (report["html"].parent / target).resolve().is_file(), target
+
+
+def test_measured_serving_memory_and_speed_warning_are_shown(reports):
+    unstable = reports["unstable"]["md"].read_text()
+    summary = unstable.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "Warning: this machine's speed moved by 14% during the run" in summary
+    assert "Warning:" not in reports["all_pass"]["md"].read_text().split("\n## ", 2)[1]
+    assert "peaked at 1.05 GB of process memory" in unstable
+    assert re.search(r"^\| Memory \|[^|]*\| [^|]*1\.05 GB measured while serving at cap 8", unstable, flags=re.M)
+
+
+@pytest.mark.parametrize("template", ["report.html.j2", "report.md.j2"])
+def test_both_templates_lay_out_the_one_outline(template):
+    blocks = set(environment().get_template(template).blocks)
+    assert blocks == {section.id for section in OUTLINE}

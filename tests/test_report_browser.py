@@ -188,3 +188,24 @@ def test_price_input_recomputes_costs(loaded_page):
     assert browser.evaluate(read_chart) != chart_before
     # the all-pass cost is over half its target, so twice the price misses it
     assert browser.evaluate("document.querySelector('#verdict-cost td.verdict').textContent.trim()") == "fail"
+
+
+@pytest.mark.parametrize("typed", ["-3", "abc", "", "3abc", "Infinity"])
+def test_price_input_refuses_negative_and_non_numeric_input_with_a_message(loaded_page, typed):
+    browser, _ = loaded_page
+    read_costs = "Array.from(document.querySelectorAll('.cost')).map(e => e.textContent)"
+    set_price = """(text) => {
+        const input = document.getElementById('price');
+        input.value = text;
+        input.dispatchEvent(new Event('input'));
+    }"""
+    browser.evaluate(f"({set_price})('1')")
+    before = browser.evaluate(read_costs)
+    browser.evaluate(f"({set_price})({typed!r})")
+    message = browser.evaluate("document.getElementById('price-message').textContent")
+    assert "Enter a price of $0 or more" in message
+    assert browser.evaluate("document.getElementById('price').getAttribute('aria-invalid')") == "true"
+    # the page keeps showing the last valid price's figures
+    assert browser.evaluate(read_costs) == before
+    browser.evaluate(f"({set_price})('1')")
+    assert browser.evaluate("document.getElementById('price-message').textContent") == ""

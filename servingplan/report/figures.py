@@ -19,18 +19,17 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-POLICY_LABELS = {
-    "static": "static batching",
-    "continuous": "continuous batching",
-    "continuous_chunked": "continuous + chunked prefill",
-}
-POLICY_COLORS = {"static": "#7f7f7f", "continuous": "#1f77b4", "continuous_chunked": "#d62728"}
-POLICY_MARKERS = {"static": "s", "continuous": "o", "continuous_chunked": "^"}
+from servingplan.seeds import over_seeds  # noqa: E402
+from servingplan.sim import policies  # noqa: E402
+
+POLICY_COLORS = {p.name: p.color for p in policies.REGISTRY}
+POLICY_MARKERS = {p.name: p.marker for p in policies.REGISTRY}
 TARGET_COLOR = "#c0392b"
 TODAY_COLOR = "#2c3e50"
 UNSTABLE_COLOR = "#999999"
 WIDTH_IN = 9.0
-DPI = 110
+# twice the on-screen density, so the figures stay sharp on high-DPI screens and in print
+DPI = 220
 # Share of the log-scale axis height above the highest stable value that holds the unstable band.
 UNSTABLE_BAND_DECADES = 0.45
 
@@ -40,8 +39,7 @@ plt.rcParams.update({
 })
 
 
-def policy_label(policy: str) -> str:
-    return POLICY_LABELS.get(policy, policy)
+policy_label = policies.label
 
 
 def png_bytes(fig: Figure) -> bytes:
@@ -84,7 +82,7 @@ def prefill_profile(profile: pd.DataFrame, cost, heldout_ids: set) -> Figure:
     ax.set_xlabel("prompt tokens in the call")
     ax.set_ylabel("prefill latency (ms)")
     ax.set_title("Prefill: one prompt (batch 1)")
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -203,30 +201,17 @@ def workload_histograms(traces, rate: float) -> Figure:
 
 # -- simulation ----------------------------------------------------------------------------------------
 
-def cell_means(latency: pd.DataFrame, column: str, stable_only: bool = False) -> pd.DataFrame:
-    """Mean, min and max of `column` over seeds per (policy, cap, rate), and whether every seed's queue
-    was stable. A value undefined in any seed (None: an infinite percentile) leaves the cell undefined;
-    with `stable_only`, so does an unstable seed, whose percentiles describe no steady state."""
-    frame = latency.assign(_value=_defined(latency[column]), _stable=latency["stable"].astype(bool))
-    rows = []
-    for (policy, cap, rate), group in frame.groupby(["policy", "max_num_seqs", "rate"], sort=True):
-        values, stable = group["_value"], bool(group["_stable"].all())
-        defined = values.notna().all() and (stable or not stable_only)
-        rows.append({"policy": policy, "max_num_seqs": int(cap), "rate": float(rate), "stable": stable,
-                     "mean": float(values.mean()) if defined else None,
-                     "min": float(values.min()) if defined else None,
-                     "max": float(values.max()) if defined else None})
-    return pd.DataFrame(rows)
-
-
-def policy_order(policy: str) -> int:
-    """The report's order of policies: from the simplest scheduler to the most refined."""
-    order = list(POLICY_LABELS)
-    return order.index(policy) if policy in order else len(order)
+def cell_means(latency: pd.DataFrame, column: str) -> pd.DataFrame:
+    """`column` over seeds per (policy, cap, rate) as mean, min and max, and whether every seed kept up,
+    from the pipeline's one aggregation (an unstable cell's percentiles and goodput are undefined)."""
+    cells = over_seeds(latency, ["policy", "max_num_seqs", "rate"], spread=True)
+    return pd.DataFrame({"policy": cells["policy"], "max_num_seqs": cells["max_num_seqs"].astype(int),
+                         "rate": cells["rate"].astype(float), "stable": cells["stable"].astype(bool),
+                         "mean": cells[column], "min": cells[f"{column}_min"], "max": cells[f"{column}_max"]})
 
 
 def _policies(frame: pd.DataFrame) -> list[str]:
-    return sorted(frame["policy"].unique(), key=policy_order)
+    return sorted(frame["policy"].unique(), key=policies.order)
 
 
 def _cap_colors(caps) -> dict:
@@ -237,7 +222,7 @@ def _cap_colors(caps) -> dict:
 def ttft_vs_rate(latency: pd.DataFrame, percentile: float, slo_ms: float, today_rate: float,
                  target_rate: float) -> Figure:
     """p-th percentile TTFT (mean over seeds) vs arrival rate, a panel per policy, a line per cap."""
-    means = cell_means(latency, f"ttft_ms_p{percentile:g}", stable_only=True)
+    means = cell_means(latency, f"ttft_ms_p{percentile:g}")
     policies = _policies(means)
     fig, axes = _figure(1, len(policies), height=3.9, sharey=True)
     stable_values = means["mean"].dropna()
@@ -292,6 +277,9 @@ def capacity_per_cap(capacity: pd.DataFrame, today_rate: float, target_rate: flo
     caps = sorted(capacity["max_num_seqs"].unique())
     positions = {cap: i for i, cap in enumerate(caps)}
     width = 0.8 / max(len(policies), 1)
+    positive = capacity["capacity_rps"][capacity["capacity_rps"] > 0]
+    # a log axis: capacities span decades; a capacity of 0 (never met) sits on a marked floor row
+    floor = min(float(positive.min()) if len(positive) else today_rate, today_rate) / 3
     for k, policy in enumerate(policies):
         offset = (k - (len(policies) - 1) / 2) * width
         for criterion, filled in (("ttft_slo", True), ("stable", False)):
@@ -301,18 +289,29 @@ def capacity_per_cap(capacity: pd.DataFrame, today_rate: float, target_rate: flo
                 continue
             x = np.array([positions[c] for c in rows["max_num_seqs"]]) + offset
             y = rows["capacity_rps"].to_numpy(float)
-            yerr = np.vstack([y - rows["capacity_min_rps"].to_numpy(float),
-                              rows["capacity_max_rps"].to_numpy(float) - y])
+            met = y > 0
+            # the capacity stage's interval (seeds and measured speed band) when it wrote one, else the seeds'
+            lo_rps, hi_rps = rows["capacity_min_rps"].astype(float), rows["capacity_max_rps"].astype(float)
+            if "interval_lo_rps" in rows:
+                lo_rps = rows["interval_lo_rps"].astype(float).fillna(lo_rps)
+                hi_rps = rows["interval_hi_rps"].astype(float).fillna(hi_rps)
+            low = np.maximum(lo_rps.to_numpy(float), floor)
+            yerr = np.vstack([y - low, hi_rps.to_numpy(float) - y])[:, met]
             label = f"{policy_label(policy)}: {'TTFT SLO met' if filled else 'keeps up at all'}"
-            ax.errorbar(x, y, yerr=yerr, fmt=POLICY_MARKERS.get(policy, "o"), color=POLICY_COLORS.get(policy),
+            ax.errorbar(x[met], y[met], yerr=yerr, fmt=POLICY_MARKERS.get(policy, "o"), color=POLICY_COLORS.get(policy),
                         mfc=POLICY_COLORS.get(policy) if filled else "white", ms=6, capsize=3, label=label)
+            ax.plot(x[~met], [floor] * int((~met).sum()), "x", color=POLICY_COLORS.get(policy), ms=6, mew=1.5)
     ax.axhline(target_rate, color=TARGET_COLOR, ls="--", lw=1.2, label=f"target {target_rate:g} req/s")
     ax.axhline(today_rate, color=TODAY_COLOR, ls=":", lw=1.0, label=f"today {today_rate:g} req/s")
     ax.set_xticks(range(len(caps)), [str(c) for c in caps])
     ax.set_xlabel("batch cap (max_num_seqs)")
-    ax.set_ylabel("capacity (req/s)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Capacity per cap (median over seeds, bars: min-max); 0 = never met")
+    ax.axhspan(floor / 1.4, floor * 1.4, color=UNSTABLE_COLOR, alpha=0.18, lw=0)
+    ax.text(0.01, floor, "never met", transform=ax.get_yaxis_transform(), va="center", fontsize=7, color="#555555")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylim(bottom=floor / 1.4)
+    ax.set_ylabel("capacity (req/s, log)")
+    ax.set_title("Capacity per cap (median over seeds, bars: interval); crosses: never met")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
@@ -332,12 +331,14 @@ def attainment_heatmap(latency: pd.DataFrame, percent_good_label: str) -> Figure
             i, j = caps.index(row.max_num_seqs), rates.index(row.rate)
             grid[i, j] = row.mean if row.mean is not None else np.nan
             unstable[i, j] = not row.stable
-        image = ax.imshow(grid * 100, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto", origin="lower")
+        # cividis: ordered in lightness and readable with any colour vision
+        image = ax.imshow(np.where(unstable, np.nan, grid) * 100, cmap="cividis", vmin=0, vmax=100, aspect="auto",
+                          origin="lower")
         for i in range(len(caps)):
             for j in range(len(rates)):
                 text = "unst." if unstable[i, j] else (f"{grid[i, j] * 100:.0f}" if np.isfinite(grid[i, j]) else "n/a")
-                # the colour map's ends are dark: white text there
-                dark = not np.isfinite(grid[i, j]) or grid[i, j] < 0.3 or grid[i, j] > 0.85
+                # cividis is dark at its low end: white text there
+                dark = not unstable[i, j] and (not np.isfinite(grid[i, j]) or grid[i, j] < 0.5)
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black",
                         fontstyle="italic" if unstable[i, j] else "normal")
         ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates], fontsize=7)
@@ -351,12 +352,18 @@ def attainment_heatmap(latency: pd.DataFrame, percent_good_label: str) -> Figure
 
 
 def by_cap(latency: pd.DataFrame, column: str, rates: dict, ylabel: str, title: str,
-           reference: dict | None = None) -> Figure:
+           reference: dict | None = None) -> Figure | None:
     """`column` (mean over seeds, bars min-max) vs cap, a line per policy, a panel per rate in `rates`
-    ({label: rate}); unstable cells drawn hollow. `reference` maps a panel label to (y, text) of a
-    horizontal line."""
-    fig, axes = _figure(1, len(rates), height=3.4, sharey=True)
+    ({label: rate}); unstable cells, which have no percentile or goodput, are crosses on the axis floor.
+    A panel whose every value is zero is left out; None when that leaves no panel. `reference` maps a
+    panel label to (y, text) of a horizontal line."""
     means = cell_means(latency, column)
+    rates = {label: rate for label, rate in rates.items()
+             if not (means[np.isclose(means["rate"], rate)]["mean"].fillna(0) == 0).all()
+             or not means[np.isclose(means["rate"], rate)]["stable"].all()}
+    if not rates:
+        return None
+    fig, axes = _figure(1, len(rates), height=3.4, sharey=True)
     for ax, (label, rate) in zip(axes[0], rates.items()):
         at_rate = means[np.isclose(means["rate"], rate)]
         for policy in _policies(at_rate):
@@ -369,7 +376,8 @@ def by_cap(latency: pd.DataFrame, column: str, rates: dict, ylabel: str, title: 
             stable = rows["stable"].to_numpy(bool)
             marker = POLICY_MARKERS.get(policy, "o")
             ax.plot(rows["max_num_seqs"].to_numpy()[stable], y[stable], marker, color=color, ms=5, ls="")
-            ax.plot(rows["max_num_seqs"].to_numpy()[~stable], y[~stable], marker, color=color, mfc="white", ms=5, ls="")
+            ax.plot(rows["max_num_seqs"].to_numpy()[~stable], [0.03] * int((~stable).sum()), "x", color=color, ms=6,
+                    mew=1.5, ls="", transform=ax.get_xaxis_transform())
         if reference and label in reference:
             value, text = reference[label]
             ax.axhline(value, color=TARGET_COLOR, ls="--", lw=1.1)
@@ -384,8 +392,8 @@ def by_cap(latency: pd.DataFrame, column: str, rates: dict, ylabel: str, title: 
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0))
     axes[0, 0].set_ylabel(ylabel)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    handles.append(plt.Line2D([], [], marker="o", mfc="white", color="black", ls=""))
-    labels.append("hollow: some seed unstable")
+    handles.append(plt.Line2D([], [], marker="x", color="black", ls=""))
+    labels.append("unstable: the queue grows (no value)")
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels))
     fig.suptitle(title)
     return fig
@@ -449,7 +457,7 @@ def cost_vs_replicas(price_per_hour: float, tokens_per_s: float, target_per_1k: 
     ax.set_ylabel("$ per 1,000 output tokens")
     ax.set_title(f"Cost at today's traffic ({tokens_per_s:.0f} output tokens/s)")
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -508,27 +516,40 @@ def exercise2_curve(curve: pd.DataFrame, a_ms: float, b_ms: float, budget_ms: fl
     return fig
 
 
-def exercise2_caps(means: pd.DataFrame, naive_cap: int, best_cap: int) -> Figure:
-    """Goodput as a share of offered load, and p95 TPOT, per cap of the exercise's sweep."""
-    fig, axes = _figure(1, 2, height=3.2)
-    caps = means["max_num_seqs"].to_numpy(int)
-    stable = means["stable"].astype(bool).to_numpy()
-    share = _defined(means["goodput_over_offered"]) * 100
-    tpot = _defined(means["tpot_ms_p95"])
-    for ax, y, ylabel in ((axes[0, 0], share, "goodput (% of offered requests/s)"),
-                          (axes[0, 1], tpot, "p95 TPOT (ms)")):
-        ax.plot(caps, y, "-", color="#d62728", lw=1)
-        ax.plot(caps[stable], y[stable], "o", color="#d62728", label="stable")
-        ax.plot(caps[~stable], y[~stable], "o", mfc="white", color="#d62728", label="unstable")
-        ax.axvline(best_cap, color="#2ca02c", ls="--", lw=1, label=f"best simulated cap {best_cap}")
+def exercise2_caps(means: pd.DataFrame, naive_cap: int, best_cap: int | None, tpot_budget_ms: float) -> Figure:
+    """Share of requests meeting the SLO, and p95 TPOT, per cap of the exercise's sweep, one line per
+    reading of the curve; unstable caps (no share, no percentile) are crosses on the axis floor."""
+    fig, axes = _figure(1, 2, height=3.4)
+    styles = {"per_kv_token": ("#0072B2", "o", "curve per KV token"), "per_sequence": ("#E69F00", "s", "curve per sequence")}
+    for reading, rows in means.groupby("reading", sort=True):
+        color, marker, name = styles.get(reading, ("#000000", "o", reading))
+        rows = rows.sort_values("max_num_seqs")
+        caps = rows["max_num_seqs"].to_numpy(int)
+        stable = rows["stable"].astype(bool).to_numpy()
+        for ax, y in ((axes[0, 0], _defined(rows["attainment"]) * 100), (axes[0, 1], _defined(rows["tpot_ms_p95"]))):
+            ax.plot(caps[stable], y[stable], marker + "-", color=color, label=name)
+            ax.plot(caps[~stable], [0.03] * int((~stable).sum()), "x", color=color, ms=7, mew=1.5,
+                    transform=ax.get_xaxis_transform(), label=f"{name}: unstable (no value)")
+    axes[0, 1].axhline(tpot_budget_ms, color=TARGET_COLOR, ls="--", lw=1.2, label=f"TPOT budget {tpot_budget_ms:g} ms")
+    for ax, ylabel in ((axes[0, 0], "requests meeting the SLO (%)"), (axes[0, 1], "p95 TPOT (ms)")):
+        if best_cap is not None:
+            ax.axvline(best_cap, color="#009E73", ls="--", lw=1, label=f"best simulated cap {best_cap}")
         ax.axvline(naive_cap, color=TODAY_COLOR, ls=":", lw=1, label=f"curve's cap {naive_cap}")
+        caps = sorted(means["max_num_seqs"].astype(int).unique())
         ax.set_xscale("log", base=2)
         ax.set_xticks(caps, [str(c) for c in caps])
         ax.minorticks_off()
         ax.set_xlabel("batch cap (max_num_seqs, log)")
         ax.set_ylabel(ylabel)
     axes[0, 0].set_ylim(0, 105)
-    axes[0, 0].legend(loc="lower right")
+    axes[0, 1].set_ylim(bottom=0)
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    fig.legend(handles, labels, loc="outside lower center", ncol=3)
     return fig
 
 
@@ -537,8 +558,11 @@ def exercise2_chunks(means: pd.DataFrame, bound_ms: float) -> Figure:
     fig, axes = _figure(height=3.2)
     ax = axes[0, 0]
     chunks = means["chunk_size"].to_numpy(int)
-    ax.plot(chunks, _defined(means["itl_ms_p99"]), "o-", color="#d62728", label="p99 inter-token gap")
-    ax.plot(chunks, _defined(means["itl_ms_max"]), "s--", color="#ff7f0e", label="largest inter-token gap")
+    ax.plot(chunks, _defined(means["itl_ms_p99"]), "o-", color="#D55E00", label="p99 inter-token gap")
+    ax.plot(chunks, _defined(means["itl_ms_max"]), "s--", color="#E69F00", label="largest inter-token gap")
+    unstable = ~means["stable"].astype(bool).to_numpy()
+    ax.plot(chunks[unstable], [0.03] * int(unstable.sum()), "x", color="black", ms=7, mew=1.5, ls="",
+            transform=ax.get_xaxis_transform(), label="unstable: the queue grows (no value)")
     ax.axhline(bound_ms, color=TARGET_COLOR, ls=":", lw=1.2, label=f"bound {bound_ms:g} ms")
     ax.set_xscale("log", base=2)
     ax.set_xticks(chunks, [str(c) for c in chunks])
@@ -546,5 +570,5 @@ def exercise2_chunks(means: pd.DataFrame, bound_ms: float) -> Figure:
     ax.set_xlabel("prefill chunk size (tokens, log)")
     ax.set_ylabel("inter-token gap (ms)")
     ax.set_title("Inter-token stalls vs chunk size (chunked prefill, best cap)")
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig

@@ -8,7 +8,8 @@ of paths (fleet: the planner's fleet cells); the three validation files and the 
 optional. Every number the report shows is read from those files, from the run's config, or computed
 here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
 source's own workload figures (config `reference`), the reference the calibration is checked against.
-The templates hold the words and the conditionals that choose them, never a number.
+The templates hold the words and the conditionals that choose them, never a number; both lay out
+the one outline of servingplan.report.outline.
 
 The HTML is self-contained (figures as base64 PNG, inline CSS and JS) and lets the reader change
 the price per hour; the Markdown links PNG files written beside it. Both are byte-identical for
@@ -20,6 +21,7 @@ import base64
 import datetime as dt
 import hashlib
 import math
+import os
 import platform
 import re
 import subprocess
@@ -33,12 +35,15 @@ from markupsafe import Markup
 import numpy as np
 import pandas as pd
 
-from servingplan import cost as costs
+from servingplan import money
 from servingplan.costmodel import CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
 from servingplan.report import figures
 from servingplan.report.text import markdown_text
+from servingplan.report.outline import OUTLINE
+from servingplan.seeds import over_seeds
+from servingplan.sim import policies
 from servingplan.workload import expected_length, generate
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "reports" / "templates"
@@ -50,6 +55,8 @@ MAX_DECIMALS = 6
 REQUIRED_INPUTS = ("machine", "profile", "fit_report", "predicted", "costmodel", "latency", "capacity", "memory",
                    "memory_summary", "recommendation", "exercise2", "ex2_caps", "ex2_chunks", "ex2_curve")
 VALIDATION_INPUTS = ("validation", "validation_requests", "validation_meta")
+# Exercise 2's two readings of the source's curve, in the order the report shows them
+EX2_READINGS = ("per_kv_token", "per_sequence")
 
 # What the capstone's source document states about its workload. They are the reference the run's
 # calibration is checked against, not results, so they cannot come from the run itself.
@@ -78,6 +85,7 @@ class RunResults:
     ex2_curve: pd.DataFrame
     validation: Validation | None
     fleet_cells: list[dict]
+    chunks: pd.DataFrame | None = None
 
 
 def load_results(inputs: Mapping) -> RunResults:
@@ -98,6 +106,7 @@ def load_results(inputs: Mapping) -> RunResults:
         exercise2=read_json(inputs["exercise2"]), ex2_caps=csv("ex2_caps"), ex2_chunks=csv("ex2_chunks"),
         ex2_curve=csv("ex2_curve"), validation=validation,
         fleet_cells=[read_json(path) for path in inputs.get("fleet") or []],
+        chunks=csv("chunks") if inputs.get("chunks") else None,
     )
 
 
@@ -185,6 +194,12 @@ def fmt_duration(seconds, missing="n/a", digits=3):
     return "0 s" if seconds == 0 else f"{significant(seconds / 1e-9, digits)} ns"
 
 
+def count(n, noun: str) -> str:
+    """'1 machine', '3 machines': a number with its noun in the right number, never 'machine(s)'."""
+    n = int(n)
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def oneline(text):
     """Whitespace collapsed, so a macro's output is one Markdown paragraph; markup stays markup."""
     flat = " ".join(str(text).split())
@@ -196,7 +211,7 @@ FILTERS = {
     "tps": _with_unit(" tokens/s"), "times": _with_unit("×"), "ns": _with_unit(" ns"),
     "gbs": _with_unit(" GB/s"), "gflops": _with_unit(" GFLOP/s"), "tokens": _with_unit(" tokens"),
     "int": fmt_int, "pct": fmt_pct, "dur": fmt_duration, "usd": fmt_usd, "gb": fmt_gb, "range": fmt_range,
-    "oneline": oneline,
+    "oneline": oneline, "count": count,
 }
 
 
@@ -210,67 +225,10 @@ def sweep_seeds(latency: pd.DataFrame) -> list[int]:
     return sorted(int(s) for s in latency["seed"].unique())
 
 
-def longest_prompt(traces) -> int:
-    return int(max(t.prompt_tokens.max() for t in traces))
-
-
-def prefill_floor(cost: CostModel, traces, percentile: float) -> float:
-    """The TTFT percentile the prompts alone impose (ms): each request's prefill with no queue and
-    nothing else running. No number of machines can push the percentile below it."""
-    prefill_ms = np.concatenate([[cost.prefill_time(int(p)) * 1e3 for p in t.prompt_tokens] for t in traces])
-    return float(np.percentile(prefill_ms, percentile))
-
-
-def summary_section(run: RunResults, config: dict, traces) -> dict:
+def summary_section(run: RunResults, config: dict) -> dict:
+    """The planner's decision, as the templates print it."""
     rec = clean(run.recommendation)
-    chosen = rec["chosen"]
-    slo = config["slo"]
-    verdict = {row["target"]: row for row in rec["verdict"]}
-    floor_ms = prefill_floor(run.cost_model, traces, slo["ttft_percentile"])
-    longest = longest_prompt(traces)
-    need = rec["what_it_would_take"]
-    fleets = {router: found for router, found in need["fleet"].items() if found}
-    cheapest_fleet = min(fleets.items(), key=lambda item: (item[1]["replicas"], item[0])) if fleets else None
-    capacity = run.capacity[(run.capacity["policy"] == chosen["policy"])
-                            & (run.capacity["max_num_seqs"] == chosen["max_num_seqs"])]
-    stable_capacity = clean(capacity[capacity["criterion_name"] == "stable"]["capacity_rps"].max())
-    passed = [name for name in ("latency", "capacity", "memory", "cost") if verdict[name]["passed"]]
-    today = float(config["workload"]["rate"])
-    return {
-        "status": rec["status"],
-        "chosen": chosen,
-        "verdict": verdict,
-        "passed": passed,
-        "missed": [name for name in ("latency", "capacity", "memory", "cost") if name not in passed],
-        "n_pass": len(passed),
-        "prefill_floor_ms": floor_ms,
-        "floor_exceeds_slo": floor_ms > slo["ttft_ms"],
-        "floor_speedup": floor_ms / slo["ttft_ms"],
-        "longest_prompt": longest,
-        "longest_prompt_prefill_ms": run.cost_model.prefill_time(longest) * 1e3,
-        "fleets": fleets,
-        "cheapest_fleet": cheapest_fleet,
-        "max_replicas": config["cost"]["max_replicas"],
-        "speedup": need["speedup"],
-        "any_fits_memory": bool(run.memory["fits_reserved"].astype(bool).any()),
-        "chosen_stable_capacity_rps": stable_capacity,
-        # one machine's stable rate bounds how many are needed just to keep up, whatever the latency
-        "machines_to_keep_up": math.ceil(today / stable_capacity) if stable_capacity else None,
-        "largest_fleet": largest_fleet(run.fleet_cells, chosen),
-        "offered_tokens_per_s": rec["offered_tokens_per_s"],
-    }
-
-
-def largest_fleet(fleet_cells: list[dict], chosen: dict) -> dict | None:
-    """How the chosen configuration fares on the largest fleet the planner tried when no fleet met the
-    latency targets: the router with the lowest TTFT at today's rate."""
-    cell = next((c for c in fleet_cells if c["policy"] == chosen["policy"]
-                 and c["max_num_seqs"] == chosen["max_num_seqs"]), None)
-    if cell is None or any(found["feasible"] for found in cell["fleets"].values()):
-        return None
-    tried = [{"router": router, "replicas": found["max_replicas"], **clean(found["at_max"])}
-             for router, found in sorted(cell["fleets"].items())]
-    return min(tried, key=lambda f: (f["today"]["ttft_ms_mean"] is None, f["today"]["ttft_ms_mean"] or 0.0))
+    return {**rec, "verdict": {row["target"]: row for row in rec["verdict"]}, "n_pass": len(rec["passed"])}
 
 
 def machine_section(run: RunResults) -> dict:
@@ -309,7 +267,12 @@ def profiling_section(run: RunResults, traces) -> dict:
         "physical": report["physical"],
         "systematic_parts": sorted(part for part, found in report["residual_structure"].items()
                                    if found["systematic"]),
+        "decode_table": [{"batch": b, "table_ms": seconds * 1e3,
+                          "line_ms": (run.cost_model.decode_fixed_s + run.cost_model.decode_per_seq_s * b) * 1e3}
+                         for b, seconds in run.cost_model.decode_batch_fixed_s],
+        "decode_table_largest": max((b for b, _ in run.cost_model.decode_batch_fixed_s), default=None),
         "batched_prefill": report.get("batched_prefill", []),
+        "batched_largest": _largest_batched(report.get("batched_prefill", [])),
         "holdout_fraction": report["holdout"]["fraction"],
         "n_holdout": len(report["holdout"]["point_ids"]),
         "decode_smallest": decode_at(decode["batch"].min()),
@@ -321,6 +284,14 @@ def profiling_section(run: RunResults, traces) -> dict:
         "mean_prompt_prefill_ms": float(np.mean([run.cost_model.prefill_time(int(p)) for p in prompts])) * 1e3,
         "mean_prompt_tokens": float(prompts.mean()),
     }
+
+
+def _largest_batched(rows: list[dict]) -> dict | None:
+    """The largest batched prefill profiled, and whether one call for the batch saves time over separate calls."""
+    if not rows:
+        return None
+    largest = max(rows, key=lambda r: r["batch"])
+    return {**largest, "saves": largest["batched_over_separate"] < 1}
 
 
 def _mode(series: pd.Series):
@@ -357,77 +328,112 @@ def simulation_section(run: RunResults, config: dict, traces) -> dict:
     slo, workload = config["slo"], config["workload"]
     today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
     pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
-    ttft = figures.cell_means(run.latency, pct, stable_only=True)
-    goodput = figures.cell_means(run.latency, "goodput_rps")
-    preempt = figures.cell_means(run.latency, "preemptions")
-    itl = figures.cell_means(run.latency, "itl_ms_p99")
+    cells_by_rate = over_seeds(run.latency, ["policy", "max_num_seqs", "rate"], spread=True)
+    at_today = cells_by_rate[np.isclose(cells_by_rate["rate"], today)]
     capacity = run.capacity.set_index(["criterion_name", "policy", "max_num_seqs"])
     cells = []
-    for row in ttft[np.isclose(ttft["rate"], today)].itertuples():
-        key = (row.policy, row.max_num_seqs)
+    for row in at_today.to_dict(orient="records"):
+        key = (row["policy"], int(row["max_num_seqs"]))
+        ttft = clean(row[pct])
         cells.append({
-            "policy": row.policy, "policy_label": figures.policy_label(row.policy), "cap": row.max_num_seqs,
-            "stable": row.stable, "ttft_ms": clean(row.mean), "ttft_range": [clean(row.min), clean(row.max)],
-            "goodput_rps": _cell(goodput, key, today),
+            "policy": row["policy"], "policy_label": policies.label(row["policy"]), "cap": key[1],
+            "stable": bool(row["stable"]), "ttft_ms": ttft,
+            "ttft_range": [clean(row[f"{pct}_min"]), clean(row[f"{pct}_max"])] if ttft is not None else None,
+            "goodput_rps": clean(row["goodput_rps"]),
             **{f"capacity_{name}": _capacity(capacity, name, key) for name in ("ttft_slo", "stable")},
         })
-    cells.sort(key=lambda c: (figures.policy_order(c["policy"]), c["cap"]))
+    cells.sort(key=lambda c: (policies.order(c["policy"]), c["cap"]))
     best_slo = max(cells, key=lambda c: (c["capacity_ttft_slo"]["rps"], -c["cap"]))
     best_stable = max(cells, key=lambda c: (c["capacity_stable"]["rps"], -c["cap"]))
-    chunked_itl = _itl_comparison(itl, today)
-    preempt_max = preempt.loc[preempt["mean"].idxmax()] if preempt["mean"].notna().any() else None
+    busiest = cells_by_rate.loc[cells_by_rate["preemptions"].idxmax()] if len(cells_by_rate) else None
     return {
         "today_rate": today, "target_rate": target, "rates": sorted(float(r) for r in run.latency["rate"].unique()),
         "percentile": slo["ttft_percentile"], "slo_ms": slo["ttft_ms"], "tpot_ms": slo["tpot_ms"],
         "seeds": len(sweep_seeds(run.latency)),
         "cells": cells,
+        "policy_labels": [policies.label(p) for p in sorted(run.latency["policy"].unique(), key=policies.order)],
         "n_cells": len(cells),
         "n_stable_today": sum(c["stable"] for c in cells),
         "n_meeting_slo_today": sum(c["ttft_ms"] is not None and c["ttft_ms"] <= slo["ttft_ms"] for c in cells),
-        "best_slo": best_slo, "best_stable": best_stable,
+        "best_slo": best_slo, "best_slo_positive": best_slo["capacity_ttft_slo"]["rps"] > 0,
+        "best_stable": best_stable, "best_stable_below_today": best_stable["capacity_stable"]["rps"] < today,
         "any_meets_target": any(c["capacity_ttft_slo"]["rps"] >= target for c in cells),
-        "itl": chunked_itl,
-        "max_preemptions": None if preempt_max is None else {
-            "mean": float(preempt_max["mean"]), "policy_label": figures.policy_label(preempt_max["policy"]),
-            "cap": int(preempt_max["max_num_seqs"]), "rate": float(preempt_max["rate"])},
+        "itl": _itl_comparison(at_today),
+        "max_preemptions": None if busiest is None or not busiest["preemptions"] > 0 else {
+            "mean": float(busiest["preemptions"]), "policy_label": policies.label(busiest["policy"]),
+            "cap": int(busiest["max_num_seqs"]), "rate": float(busiest["rate"])},
         "rate_min": config["capacity"]["rate_min"],
         "chunk_size": config["sweep"]["chunk_size"],
-        "prompts_fit_one_chunk": longest_prompt(traces) <= config["sweep"]["chunk_size"],
+        "prompts_fit_one_chunk": max(int(t.prompt_tokens.max()) for t in traces) <= config["sweep"]["chunk_size"],
     }
 
 
-def _cell(means: pd.DataFrame, key, rate) -> float | None:
-    rows = means[(means["policy"] == key[0]) & (means["max_num_seqs"] == key[1]) & np.isclose(means["rate"], rate)]
-    return clean(rows["mean"].iloc[0]) if len(rows) else None
+def chunk_section(run: RunResults, config: dict, traces) -> dict | None:
+    """The capstone's chunk sweep at today's rate, per cap and chunk size: the p99 inter-token gap and the
+    TTFT percentile, none for a cell whose queue grows; and the comparison of the smallest and largest
+    chunk at the largest cap where both keep up."""
+    if run.chunks is None or run.chunks.empty:
+        return None
+    slo, today = config["slo"], float(config["workload"]["rate"])
+    pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
+    cells = over_seeds(run.chunks, ["policy", "max_num_seqs", "chunk_size", "rate"])
+    cells = cells[np.isclose(cells["rate"], today)]
+    rows = [{"policy_label": policies.label(r["policy"]), "cap": int(r["max_num_seqs"]), "chunk": int(r["chunk_size"]),
+             "stable": bool(r["stable"]), "itl_ms_p99": clean(r["itl_ms_p99"]), "ttft_ms": clean(r[pct])}
+            for r in cells.sort_values(["max_num_seqs", "chunk_size"]).to_dict(orient="records")]
+    chunks = sorted(int(c) for c in cells["chunk_size"].unique())
+    both = [cap for cap in sorted({r["cap"] for r in rows})
+            if all(r["stable"] for r in rows if r["cap"] == cap and r["chunk"] in (chunks[0], chunks[-1]))]
+    compare = None
+    if both and len(chunks) > 1:
+        at = {r["chunk"]: r for r in rows if r["cap"] == both[-1]}
+        compare = {"cap": both[-1], "small": at[chunks[0]], "large": at[chunks[-1]]}
+    longest = max(int(t.prompt_tokens.max()) for t in traces)
+    return {"rows": rows, "chunks": chunks, "compare": compare, "longest_prompt": longest,
+            "splitting": [c for c in chunks if c < longest]}
 
 
 def _capacity(capacity: pd.DataFrame, name: str, key) -> dict:
     row = capacity.loc[(name, *key)]
-    return {"rps": float(row["capacity_rps"]),
-            "range": [float(row["capacity_min_rps"]), float(row["capacity_max_rps"])],
+    interval = [row.get("interval_lo_rps"), row.get("interval_hi_rps")]
+    if any(v is None or pd.isna(v) for v in interval):
+        interval = [row["capacity_min_rps"], row["capacity_max_rps"]]
+    return {"rps": float(row["capacity_rps"]), "range": [float(v) for v in interval],
             "never_met": bool(row["never_met"])}
 
 
-def _itl_comparison(itl: pd.DataFrame, rate: float) -> dict | None:
-    """p99 inter-token gap with and without chunked prefill at the largest cap both were run at."""
-    at_rate = itl[np.isclose(itl["rate"], rate) & itl["mean"].notna()]
-    chunked = at_rate[at_rate["policy"] == "continuous_chunked"].set_index("max_num_seqs")["mean"]
-    plain = at_rate[at_rate["policy"] == "continuous"].set_index("max_num_seqs")["mean"]
-    shared = sorted(set(chunked.index) & set(plain.index))
-    if not shared:
-        return None
-    cap = shared[-1]
-    return {"cap": int(cap), "chunked_ms": float(chunked[cap]), "plain_ms": float(plain[cap]),
-            "ratio": float(chunked[cap] / plain[cap]) if plain[cap] else None}
+def _itl_comparison(at_today: pd.DataFrame) -> dict | None:
+    """p99 inter-token gap of each chunking policy against the policy it refines, at the largest cap
+    where both are stable on every seed (an unstable run has no percentile); when no such cap exists,
+    how many caps were unstable."""
+    for policy in policies.REGISTRY:
+        if policy.unchunked is None:
+            continue
+        chunked = at_today[at_today["policy"] == policy.name].set_index("max_num_seqs")
+        plain = at_today[at_today["policy"] == policy.unchunked].set_index("max_num_seqs")
+        shared = sorted(set(chunked.index) & set(plain.index))
+        defined = [cap for cap in shared if pd.notna(chunked.loc[cap, "itl_ms_p99"])
+                   and pd.notna(plain.loc[cap, "itl_ms_p99"])]
+        if not defined:
+            return {"defined": False, "caps": len(shared), "chunked_label": policy.label,
+                    "plain_label": policies.label(policy.unchunked)}
+        cap = defined[-1]
+        ratio = float(chunked.loc[cap, "itl_ms_p99"] / plain.loc[cap, "itl_ms_p99"])
+        return {"defined": True, "cap": int(cap), "chunked_ms": float(chunked.loc[cap, "itl_ms_p99"]),
+                "plain_ms": float(plain.loc[cap, "itl_ms_p99"]), "ratio": ratio, "no_shorter": ratio >= 1,
+                "chunked_label": policy.label, "plain_label": policies.label(policy.unchunked)}
+    return None
 
 
 def memory_section(run: RunResults) -> dict:
+    """The memory arithmetic, and beside it the engine's measured peak while serving when validation ran."""
     summary = clean(run.memory_summary)
     return {
         "summary": summary,
         "kv_matches_analytic": summary["kv_bytes_per_token_measured"] == summary["kv_bytes_per_token_analytic"],
         "kv_per_sequence_bytes": summary["kv_bytes_per_token_measured"] * summary["max_context"],
         "headroom_bytes": summary["budget_bytes"] - summary["weights_bytes"],
+        "serving": clean(run.recommendation).get("serving_memory"),
     }
 
 
@@ -438,7 +444,7 @@ def cost_section(run: RunResults, config: dict, summary: dict) -> dict:
         "target_per_1k": config["cost"]["target_per_1k_tokens"],
         "max_replicas": config["cost"]["max_replicas"],
         "offered_tokens_per_s": rec["offered_tokens_per_s"],
-        "fleets": [{"router": router, **found} for router, found in summary["fleets"].items()],
+        "fleets": summary["what_it_would_take"]["fleets"],
     }
 
 
@@ -470,7 +476,10 @@ def validation_section(run: RunResults) -> dict | None:
     return {
         "meta": meta,
         "headline": meta["headline"],
-        "policy_label": figures.policy_label(meta["policy"]),
+        "drift": ("slower" if meta["headline"]["machine_drift_ratio"] > 1
+                  else "faster" if meta["headline"]["machine_drift_ratio"] < 1 else "same"),
+        "ttft_tail_breaks_first": _ttft_tail_breaks_first(meta["headline"]),
+        "policy_label": policies.label(meta["policy"]),
         "rows": rows,
         "traces": meta["traces"],
         "skipped": [t for t in meta["traces"] if t.get("skipped")],
@@ -479,13 +488,23 @@ def validation_section(run: RunResults) -> dict | None:
     }
 
 
+def _ttft_tail_breaks_first(headline: dict) -> bool:
+    """The drift-corrected model misses the goal on the TTFT tail, where waiting time amplifies speed error."""
+    worst = headline["drift_corrected"]["worst_abs_ttft_p90_diff_pct"]
+    return not headline["drift_corrected"]["met"] and worst is not None and worst > headline["goal_pct"]
+
+
 def seed_means(sweep: pd.DataFrame, key: str) -> pd.DataFrame:
     """The rows exercise 2 writes as the mean over seeds, in order of `key`."""
     return sweep[sweep["stat"] == "mean"].sort_values(key)
 
 
 def exercise2_section(run: RunResults) -> dict:
-    return {"answers": clean(run.exercise2), "caps": records(seed_means(run.ex2_caps, "max_num_seqs")),
+    """The answers, the chunk sweep, and the cap sweep with the curve's two readings side by side."""
+    means = seed_means(run.ex2_caps, "max_num_seqs")
+    caps = [{"cap": int(cap), **{r["reading"]: r for r in records(group)}}
+            for cap, group in means.groupby("max_num_seqs", sort=True)]
+    return {"answers": clean(run.exercise2), "caps": caps, "readings": EX2_READINGS,
             "chunks": records(seed_means(run.ex2_chunks, "chunk_size"))}
 
 
@@ -590,16 +609,18 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
                                              ex2["2.1"]["least_squares"]["b_ms"], ex2["2.2"]["tpot_budget_ms"],
                                              ex2["2.2"]["b_max"]),
         "ex2_caps": figures.exercise2_caps(seed_means(run.ex2_caps, "max_num_seqs"), ex2["2.2"]["b_max"],
-                                           ex2["2.4"]["best_cap"]),
+                                           ex2["2.4"]["readings"]["per_kv_token"]["best_cap"],
+                                           ex2["2.2"]["tpot_budget_ms"]),
         "ex2_chunks": figures.exercise2_chunks(seed_means(run.ex2_chunks, "chunk_size"), ex2["2.3"]["itl_bound_ms"]),
     }
     if run.validation is not None:
         made["validation_ttft"] = figures.ttft_scatter(run.validation.requests)
-    return {name: figures.png_bytes(fig) for name, fig in made.items()}
+    # a figure with nothing but zeros to plot is left out; the report says so where it would stand
+    return {name: figures.png_bytes(fig) for name, fig in made.items() if fig is not None}
 
 
 def build_context(run: RunResults, config: dict, provenance_record: dict, traces) -> dict:
-    summary = summary_section(run, config, traces)
+    summary = summary_section(run, config)
     cost = cost_section(run, config, summary)
     return {
         "title": config["report"]["title"],
@@ -609,6 +630,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "profiling": profiling_section(run, traces),
         "workload": workload_section(config, traces, clean(run.recommendation)),
         "simulation": simulation_section(run, config, traces),
+        "chunk_sweep": chunk_section(run, config, traces),
         "memory": memory_section(run),
         "cost": cost,
         "cost_data": browser_cost_data(cost),
@@ -616,7 +638,8 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "exercise2": exercise2_section(run),
         "assumptions": assumptions_section(run, config),
         "provenance": provenance_record,
-        "policy_label": figures.policy_label,
+        "policy_label": policies.label,
+        "outline": OUTLINE,
     }
 
 
@@ -624,7 +647,7 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
         # Markdown too: config text must not become raw HTML there either, and entities render as characters.
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "md.j2"), default_for_string=False),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "md.j2", "text.j2"), default_for_string=False),
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
     )
     env.filters.update(FILTERS)
@@ -645,7 +668,7 @@ class CostText:
         return Markup('<span class="{}"{}>{}</span>').format(css_class, attributes, text)
 
     def per_1k(self, replicas, tokens_per_s) -> float | None:
-        return costs.cost_per_1k_tokens(self.price_per_hour, replicas, tokens_per_s) if tokens_per_s else None
+        return money.cost_per_1k_tokens(self.price_per_hour, replicas, tokens_per_s) if tokens_per_s else None
 
     def money(self, replicas, tokens_per_s, missing="n/a"):
         """$ per 1,000 output tokens for `replicas` machines serving `tokens_per_s`."""
@@ -667,8 +690,21 @@ class CostText:
 
     def replicas_within(self, tokens_per_s):
         """The most machines the cost target pays for at this traffic."""
-        count = costs.max_replicas_within(self.price_per_hour, tokens_per_s, self.target_per_1k)
-        return self._span("replicas-within", fmt_int(count), tokens_per_s=repr(float(tokens_per_s)))
+        machines = money.max_replicas_within(self.price_per_hour, tokens_per_s, self.target_per_1k)
+        return self._span("replicas-within", count(machines, "machine"), tokens_per_s=repr(float(tokens_per_s)))
+
+
+def png_css_size(png: bytes) -> tuple[int, int]:
+    """The CSS size of a figure drawn at twice the screen's density: half its pixels each way."""
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    return width // 2, height // 2
+
+
+def table_sources(inputs: Mapping, html_path) -> dict:
+    """Each single-file input as a link relative to the HTML page, so a table can point at its data."""
+    base = Path(html_path).resolve().parent
+    return {key: {"href": Path(os.path.relpath(Path(path).resolve(), base)).as_posix(), "name": Path(path).name}
+            for key, path in inputs.items() if isinstance(path, (str, Path))}
 
 
 def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = FIGURE_DIR_NAME) -> tuple[str, str]:
@@ -677,6 +713,7 @@ def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = F
     price, target = context["cost"]["price_per_hour"], context["cost"]["target_per_1k"]
     html = env.get_template(HTML_TEMPLATE).render(
         **context, output_format="html", cost_text=CostText(price, target, html=True), max_decimals=MAX_DECIMALS,
+        figure_size={name: png_css_size(png) for name, png in figure_png.items()},
         figure_src={name: "data:image/png;base64," + base64.b64encode(png).decode("ascii")
                     for name, png in figure_png.items()})
     md = env.get_template(MD_TEMPLATE).render(
@@ -693,7 +730,7 @@ def write_report(inputs: Mapping, config: dict, config_hash: str, machine_finger
     run = load_results(inputs)
     traces = workload_traces(config["workload"], sweep_seeds(run.latency))
     record = provenance(inputs, config_hash, machine_fingerprint, log_dir)
-    context = build_context(run, config, record, traces)
+    context = {**build_context(run, config, record, traces), "sources": table_sources(inputs, html_path)}
     figure_png = build_figures(run, config, context, traces)
     html, md = render(context, figure_png)
 

@@ -15,7 +15,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-POLICIES = ("static", "continuous", "continuous_chunked")
+from servingplan.sim.policies import POLICIES
 
 
 @dataclass(eq=False)
@@ -158,12 +158,7 @@ class Scheduler:
     # -- planning ----------------------------------------------------------------------------------
     def schedule(self) -> Step:
         step = Step()
-        if self.policy == "static":
-            self._schedule_static(step)
-        elif self.policy == "continuous":
-            self._schedule_prefill_first(step)
-        else:
-            self._schedule_chunked(step)
+        getattr(self, PLANNERS[self.policy])(step)
         return step
 
     def _admit(self, step: Step, budget: float = math.inf) -> None:
@@ -282,3 +277,10 @@ class Scheduler:
             if context > seq.blocks * block_size:
                 grown = self.kv.grow(seq, context)
                 assert grown, "repeat_decodes past the KV cache; call repeatable() first"
+
+
+# Each registered policy's planning method; a name registered without one fails at import.
+PLANNERS = {"static": "_schedule_static", "continuous": "_schedule_prefill_first",
+            "continuous_chunked": "_schedule_chunked"}
+if set(PLANNERS) != set(POLICIES) or not all(hasattr(Scheduler, m) for m in PLANNERS.values()):
+    raise ImportError(f"scheduler: policies {sorted(POLICIES)} and planning methods {sorted(PLANNERS)} differ")

@@ -11,9 +11,11 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from servingplan.costmodel import CostModel
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
+from servingplan.sim.steps import StepRecorder
 from servingplan.workload import Trace
 
 
@@ -43,6 +45,7 @@ class SimResult:
     max_num_seqs: int
     chunk_size: int
     meta: dict = field(default_factory=dict)
+    step_table: pd.DataFrame | None = None   # one row per engine step (STEP_COLUMNS) when recorded
 
     @property
     def finished(self) -> np.ndarray:
@@ -106,8 +109,9 @@ class Replica:
     """One engine: a Scheduler advanced with cost-model time."""
 
     def __init__(self, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
-                 kv_blocks: int | None, block_size: int, timeline: Timeline):
+                 kv_blocks: int | None, block_size: int, timeline: Timeline, recorder: StepRecorder | None = None):
         self.cost = cost
+        self.recorder = recorder
         self.sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size))
         self.timeline = timeline
         self.t = 0.0
@@ -176,6 +180,8 @@ class Replica:
         self.t += k * d0 + dd * k * (k - 1) / 2
         self.steps += k
         emitted, finished = sched.complete(step)
+        if self.recorder is not None:
+            self._record(step, start, k, d0, dd, batch, ctx_sum, ctx_max, len(emitted))
         # a first token only ever comes from a prefill
         for seq, _ in prefills:
             if seq.generated and math.isnan(tl.first[seq.id]):
@@ -186,6 +192,21 @@ class Replica:
         for seq in finished:
             tl.done[seq.id] = self.t
         return True
+
+
+    def _record(self, step, start, k, d0, dd, batch, ctx_sum, ctx_max, emitted) -> None:
+        """The step as rows: a run of k identical decode steps unrolled, the j-th starting after j steps
+        and reading j more KV entries per sequence (the fast-forward's own closed form)."""
+        decode_s = self.cost.decode_time(batch, ctx_sum, ctx_max)
+        calls = step.prefill_calls() if step.prefills else []
+        for j in range(k):
+            duration = d0 + j * dd
+            first, last = j == 0, j == k - 1
+            self.recorder.record(start + j * d0 + dd * j * (j - 1) / 2, duration, batch, ctx_sum + j * batch,
+                                 ctx_max + j if batch else 0, calls if first else [],
+                                 len(step.admitted) if first else 0, len(step.preempted) if first else 0,
+                                 emitted if last else batch, duration - decode_s - j * dd if first else 0.0,
+                                 decode_s + j * dd)
 
 
 def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: float, policy: str,
@@ -224,14 +245,16 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
         peak_running=max(r.peak_running for r in replicas), peak_kv_blocks=max(r.peak_blocks for r in replicas),
         peak_kv_tokens=max(r.peak_tokens for r in replicas), queue_growth=queue_growth(q_times, q_waiting),
         policy=policy, max_num_seqs=max_num_seqs, chunk_size=chunk_size, meta={"replicas": len(replicas)},
+        step_table=replicas[0].recorder.frame() if len(replicas) == 1 and replicas[0].recorder is not None else None,
     )
 
 
 def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
              kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
-             record_tokens: bool = False) -> SimResult:
-    """Serve `trace` on one replica."""
+             record_tokens: bool = False, record_steps: bool = False) -> SimResult:
+    """Serve `trace` on one replica; with `record_steps`, every engine step is a row of `step_table`."""
     timeline = Timeline(len(trace), record_tokens)
-    replica = Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline)
+    replica = Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline,
+                      StepRecorder() if record_steps else None)
     return run_replicas(trace, [replica], lambda replicas, seq: 0, horizon_factor, policy, max_num_seqs,
                         chunk_size)

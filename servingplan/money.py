@@ -1,4 +1,5 @@
-"""Cost: dollars per 1,000 output tokens at a given traffic, for a fleet of identical machines."""
+"""Money: dollars per 1,000 output tokens at a given traffic, for a fleet of identical machines (the
+step-time model is servingplan.costmodel; this module is about dollars only)."""
 from __future__ import annotations
 
 

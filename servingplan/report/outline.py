@@ -1,0 +1,27 @@
+"""The report's outline, declared once: its sections in order, each with the id its body is found
+under in both templates (a block of report.html.j2 and of report.md.j2) and its title. Adding a section
+is one entry here and one block of that id in each template, its words in report.text.j2."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Section:
+    id: str
+    title: str
+    nav: str   # the short name in the HTML page's navigation bar
+
+
+OUTLINE = (
+    Section("summary", "Summary", "Summary"),
+    Section("machine", "The machine and the model", "Machine"),
+    Section("profiling", "Profiling", "Profiling"),
+    Section("workload", "The workload", "Workload"),
+    Section("simulation", "Simulation", "Simulation"),
+    Section("memory_cost", "Memory and cost", "Memory and cost"),
+    Section("validation", "Validation", "Validation"),
+    Section("exercise2", "Exercise 2: from an SLO to a batch cap", "Exercise 2"),
+    Section("assumptions", "Assumptions and trade-offs", "Assumptions"),
+    Section("provenance", "Provenance", "Provenance"),
+)

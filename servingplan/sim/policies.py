@@ -1,0 +1,39 @@
+"""The one registry of scheduling policies. The scheduler implements each name; the config schema's
+allowed values, the rules' wildcard, the report's labels, colours and markers all read this list, so
+adding a policy means a scheduling method in scheduler.py and an entry here, nothing else."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    label: str          # how the report names it in prose and legends
+    color: str          # from the Okabe-Ito palette, distinguishable with any colour vision
+    marker: str
+    # the policy this one refines by splitting prompts into chunks, for the inter-token comparison
+    unchunked: str | None = None
+
+
+# in the report's order: from the simplest scheduler to the most refined
+REGISTRY = (
+    Policy("static", "static batching", "#999999", "s"),
+    Policy("continuous", "continuous batching", "#0072B2", "o"),
+    Policy("continuous_chunked", "continuous + chunked prefill", "#D55E00", "^", unchunked="continuous"),
+)
+BY_NAME = {p.name: p for p in REGISTRY}
+POLICIES = tuple(BY_NAME)
+
+
+def label(name: str) -> str:
+    return BY_NAME[name].label if name in BY_NAME else name
+
+
+def order(name: str) -> int:
+    return POLICIES.index(name) if name in BY_NAME else len(POLICIES)
+
+
+def wildcard() -> str:
+    """The Snakemake wildcard constraint matching exactly the registered names."""
+    return "|".join(sorted(POLICIES, key=len, reverse=True))
