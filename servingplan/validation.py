@@ -206,6 +206,8 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
                                       corrected_error_pct=corrected["error_pct"], **label))
 
     comparison = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    if len(comparison):
+        comparison["agrees"] = agreement(comparison, validation["goal_pct"])
     step_frame = pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()
     by_batch = steps_by_batch(step_frame)
     speed_trace = pd.DataFrame(probe.rows)

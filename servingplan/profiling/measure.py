@@ -314,7 +314,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                     tracer.record()
                 point = grid[point_id]
                 bar.set_postfix_str(f"round {round_number + 1}/{rounds} {point.kind} B={point.batch} "
-                                    f"L={point.prompt_len} cached={point.cached}")
+                                    f"L={point.prompt_len} cached={point.cached}", refresh=False)
                 gc.collect()
                 timed = time_call(calls[point_id], settings["warmup"], settings["repeats"], started)
                 sample_rows += [{"point_id": point_id, "kind": point.kind, "batch": point.batch,

@@ -40,6 +40,7 @@ from servingplan.costmodel import CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
 from servingplan.report import figures
+from servingplan.report import measurement
 from servingplan.report.text import markdown_text
 from servingplan.report.outline import OUTLINE
 from servingplan.seeds import over_seeds
@@ -470,7 +471,9 @@ def validation_section(run: RunResults) -> dict | None:
             twin = corrected.loc[(r.load_fraction, r.metric, r.stat)]
             stats[f"{r.metric}_{r.stat}"] = {
                 "measured": clean(r.measured_ms), "simulated": clean(r.simulated_ms), "diff_pct": clean(r.diff_pct),
-                "n": int(r.n), "corrected": clean(twin["simulated_ms"]), "corrected_diff_pct": clean(twin["diff_pct"])}
+                "n": int(r.n), "corrected": clean(twin["simulated_ms"]), "corrected_diff_pct": clean(twin["diff_pct"]),
+                "measured_lo": clean(r.measured_lo_ms), "measured_hi": clean(r.measured_hi_ms),
+                "corrected_agrees": bool(twin["agrees"])}
         rows.append({"load_fraction": float(fraction), "rate": float(rate), "stats": stats})
     requests = run.validation.requests
     return {
@@ -591,6 +594,7 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
         "decode_profile": figures.decode_profile(run.profile, run.cost_model, heldout),
         "residuals": figures.residuals(run.predicted),
         "roofline_efficiency": figures.roofline_efficiency(run.profile),
+        "speed_trace": measurement.speed_trace_figure(run.machine, run.validation.meta if run.validation else None),
         "workload": figures.workload_histograms(traces, today),
         "ttft_vs_rate": figures.ttft_vs_rate(run.latency, slo["ttft_percentile"], slo["ttft_ms"], today, target),
         "capacity": figures.capacity_per_cap(run.capacity, today, target),
@@ -615,6 +619,7 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
     }
     if run.validation is not None:
         made["validation_ttft"] = figures.ttft_scatter(run.validation.requests)
+        made["steps_by_batch"] = measurement.steps_by_batch_figure(run.validation.meta)
     # a figure with nothing but zeros to plot is left out; the report says so where it would stand
     return {name: figures.png_bytes(fig) for name, fig in made.items() if fig is not None}
 
@@ -635,6 +640,8 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "cost": cost,
         "cost_data": browser_cost_data(cost),
         "validation": validation_section(run),
+        "measurement": clean(measurement.measurement_summary(run.machine, run.fit_report,
+                                                             run.validation.meta if run.validation else None)),
         "exercise2": exercise2_section(run),
         "assumptions": assumptions_section(run, config),
         "provenance": provenance_record,
