@@ -24,7 +24,8 @@ from servingplan.report.outline import OUTLINE
 from servingplan.report.render import environment, write_report
 from servingplan.serving.replay import compare, request_pairs
 from servingplan.sim import simulate
-from servingplan.validation import headline
+from servingplan.profiling.measure import speed_summary
+from servingplan.validation import agreement, headline, steps_by_batch
 from servingplan.workload import generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,10 +79,21 @@ def machine_meta(cost: CostModel) -> dict:
         "memory": {"param_bytes": model["param_bytes"], "kv_bytes_per_token": 73728.0,
                    "kv_bytes_per_token_expected": 73728, "rss_after_load_bytes": 800_000_000,
                    "peak_rss_bytes": 1_200_000_000},
-        "settings": {"quick": False, "tiny": False, "seed": 0, "threads": 2},
+        "settings": {"quick": False, "tiny": False, "seed": 0, "threads": 2, "reference_interval_s": 15,
+                     "references": {"decode": {"kind": "decode", "batch": 4, "prompt_len": 1, "cached": 256},
+                                    "prefill": {"kind": "prefill", "batch": 1, "prompt_len": 256, "cached": 0}}},
+        "speed": speed(moved=0.04),
+        "rounds": {"n": 3, "median_spread_pct": 3.0, "median_raw_spread_pct": 5.0},
         "n_points": 0,
         "wall_time_s": 321.0,
     }
+
+
+def speed(moved: float) -> dict:
+    """The profiler's speed trace and summary, each reference moving by `moved` either way."""
+    trace = pd.DataFrame([{"t_s": 20.0 * i, "kind": kind, "seconds": base * (1 + moved * np.sin(i))}
+                          for i in range(12) for kind, base in (("decode", 0.09), ("prefill", 0.3))])
+    return {**speed_summary(trace), "trace": trace.to_dict("records")}
 
 
 def profile_points(cost: CostModel, meta: dict) -> pd.DataFrame:
@@ -102,12 +114,20 @@ def profile_points(cost: CostModel, meta: dict) -> pd.DataFrame:
         floor_mem, floor_compute = bytes_read / bandwidth, flops / gemm
         rows.append({"point_id": point_id, "order": point_id, "kind": kind, "batch": batch, "prompt_len": length,
                      "cached": cached, "median_s": median, "p10_s": median * 0.97, "p90_s": median * 1.05,
+                     "spread_pct": 4.0,
                      "mean_s": median, "min_s": median * 0.96, "n_repeats": 5, "flops": flops, "bytes": bytes_read,
                      "floor_mem_s": floor_mem, "floor_compute_s": floor_compute,
                      "floor_s": max(floor_mem, floor_compute),
                      "bound": "memory" if floor_mem >= floor_compute else "compute",
                      "efficiency": max(floor_mem, floor_compute) / median})
     return pd.DataFrame(rows)
+
+
+def round_samples(points: pd.DataFrame) -> pd.DataFrame:
+    """Three rounds per point, the middle one at the point's median: what the fit reads of a profile."""
+    return pd.DataFrame([{"point_id": p.point_id, "kind": p.kind, "round": r, "repeat": 0,
+                          "normalized_s": p.median_s * factor}
+                         for p in points.itertuples() for r, factor in enumerate((0.98, 1.0, 1.03))])
 
 
 def capacity_rows(cell: dict):
@@ -142,9 +162,14 @@ def write_validation(directory: Path, cost: CostModel, config: dict) -> dict:
                        "measured_finished": int(measured.finished.sum()),
                        "measured_truncated": bool(measured.truncated),
                        "simulated_stable": bool(simulated.stable), "measured_wall_s": float(measured.end_s),
-                       "errors": 0})
+                       "errors": 0, "speed_ratio": {"decode": drift, "prefill": drift}})
     comparison = pd.concat(tables, ignore_index=True)
-    steps = pd.DataFrame({"error_pct": [-9.0, -11.0, -10.0]})
+    comparison["agrees"] = agreement(comparison, validation["goal_pct"])
+    steps = pd.DataFrame({"batch": [1] * 30 + [4] * 25 + [8] * 5, "n_prefill_calls": 0, "duration_s": 0.1,
+                          "predicted_s": 0.09, "error_pct": -10.0, "corrected_s": 0.1, "corrected_error_pct": 0.0})
+    by_batch = steps_by_batch(steps)
+    probe = [{"label": label, "t_s": 1.0, "kind": kind, "seconds": 0.1, "profiled_s": 0.09, "ratio": drift}
+             for label in ("before trace 1", "after trace 1") for kind in ("decode", "prefill")]
     paths = {"validation": directory / "comparison.csv", "validation_requests": directory / "requests.csv",
              "validation_meta": directory / "validation.json"}
     write_csv(paths["validation"], comparison)
@@ -152,8 +177,12 @@ def write_validation(directory: Path, cost: CostModel, config: dict) -> dict:
     write_json(paths["validation_meta"], {
         "policy": "continuous_chunked", "max_num_seqs": validation["cap"], "chunk_size": 512, "kv_blocks": 1000,
         "stable_capacity_rps": stable_rps, "stable_capacity_interval": [1.8, 2.2], "traces": traces,
-        "machine_drift": {"ratio": drift, "before": {"points": [], "ratio": drift}, "after": {"points": [], "ratio": drift}},
-        "headline": headline(comparison, steps, validation, drift),
+        "machine_drift": {"ratio": drift, "by_kind": {"decode": drift, "prefill": drift}, "trace": probe, "roofline": []},
+        "path_check": {"shapes": [{"batch": b, "context": 256, "engine_step_s": 0.1, "profile_point_s": 0.098,
+                                   "engine_over_profile": 0.1 / 0.098, "engine_rounds_s": [0.1], "profile_rounds_s": [0.098]}
+                                  for b in (1, 4, 8)], "median_ratio": 0.1 / 0.098, "max_abs_diff_pct": 2.0},
+        "steps_by_batch": by_batch.to_dict("records"),
+        "headline": headline(comparison, by_batch, validation, steps, drift),
         # what the issue-10 engine adds: its measured peak memory while serving
         "serving_memory": {"peak_rss_bytes": 1_050_000_000, "max_num_seqs": validation["cap"]}})
     return paths
@@ -177,7 +206,7 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     meta = machine_meta(cost)
     if scenario == "unstable":
         # what the issue-10 profiler adds: the machine's speed over the run, here moving more than 10%
-        meta["speed"] = {"moved_pct": 14.0, "moved_more_than_10pct": True, "trace": []}
+        meta["speed"] = speed(moved=0.07)
     seeds = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
     d = Path(directory)
     paths = {name: d / f for name, f in {
@@ -190,7 +219,8 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     points = profile_points(cost, meta)
     write_json(paths["machine"], meta)
     write_csv(paths["profile"], points)
-    fit = fit_profile(points, meta, config["fit"]["holdout_fraction"], config["fit"]["mape_goal"], config["seed"])
+    fit = fit_profile(points, round_samples(points), meta, config["fit"]["holdout_fraction"],
+                      config["fit"]["mape_goal"], config["seed"])
     fit.write(paths["costmodel"], paths["fit_report"], paths["predicted"])
     fitted = fit.cost_model
 
@@ -448,7 +478,8 @@ def test_html_links_each_table_to_its_data(reports):
 def test_measured_serving_memory_and_speed_warning_are_shown(reports):
     unstable = reports["unstable"]["md"].read_text()
     summary = unstable.split("## Summary", 1)[1].split("\n## ", 1)[0]
-    assert "Warning: this machine's speed moved by 14% during the run" in summary
+    moved = speed(moved=0.07)["moved_pct"]
+    assert moved > 10 and f"Warning: this machine's speed moved by {moved:.3g}% during the run" in summary
     assert "Warning:" not in reports["all_pass"]["md"].read_text().split("\n## ", 2)[1]
     assert "peaked at 1.05 GB of process memory" in unstable
     assert re.search(r"^\| Memory \|[^|]*\| [^|]*1\.05 GB measured while serving at cap 8", unstable, flags=re.M)
