@@ -109,8 +109,8 @@ def test_the_quick_profile_measures_the_configs_grid_on_the_tiny_model(pipeline)
     config = yaml.safe_load((pipeline / QUICK).read_text())
     [machine_json] = pipeline.glob("results/profile/*/machine.json")
     machine = json.loads(machine_json.read_text())
-    for key in ("prefill_lengths", "prefill_batches", "decode_batches", "decode_contexts", "point_budget_s",
-                "min_repeats", "max_repeats", "probe_bytes", "gemm_size"):
+    for key in ("prefill_lengths", "prefill_batches", "decode_batches", "decode_contexts", "rounds", "repeats",
+                "reference_interval_s", "reference_decode", "reference_prefill", "probe_bytes", "gemm_size"):
         assert machine["settings"][key] == config["profile"][key], key
     assert machine["settings"]["tiny"] and not machine["settings"]["quick"]
     assert machine["model"]["n_layer"] == 2
