@@ -70,7 +70,11 @@ class SpeedProbe:
         self.roofline = profile_meta["roofline"]
         points = reference_points(settings)
         generator = torch.Generator().manual_seed(seed)
-        pool = pool_for(model.config, build_grid(settings) + list(points.values()), generator)
+        # slots for the reference batch only, but the profile's slot length, so every slot's view has the
+        # profile's strides without holding the profile's whole pool (gigabytes) beside the engine
+        longest = max(p.cached + p.prompt_len for p in build_grid(settings) + list(points.values()))
+        pool = pool_for(model.config, list(points.values()) + [GridPoint("prefill", 1, longest, 0)], generator)
+        self.pool_bytes = int(pool.keys.nbytes + pool.values.nbytes)
         self.calls = {kind: point_call(model, pool, point, generator) for kind, point in points.items()}
         self.started = time.perf_counter()
         self.rows: list[dict] = []
@@ -163,9 +167,7 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
                      sweep["horizon_factor"])
     stable_rps = found["capacity_rps"]
 
-    print("validate: timing engine steps against profile points of the same shape", file=terminal(), flush=True)
     probe = SpeedProbe(model, profile_meta, seed)
-    checked = path_check(model, profile_meta, seed, threads=threads)
     tables, pairs, steps, traces = [], [], [], []
     rss_before = psutil.Process().memory_info().rss
     peak_rss = rss_before
@@ -205,6 +207,9 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
         steps.append(predicted.assign(corrected_s=corrected["predicted_s"],
                                       corrected_error_pct=corrected["error_pct"], **label))
 
+    # after the replays, so that its engines and pools are not part of the serving memory measured above
+    print("validate: timing engine steps against profile points of the same shape", file=terminal(), flush=True)
+    checked = path_check(model, profile_meta, seed, threads=threads)
     comparison = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     if len(comparison):
         comparison["agrees"] = agreement(comparison, validation["goal_pct"])
@@ -227,7 +232,8 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
                               "trace": probe.rows, "roofline": probe.probes},
             "path_check": checked,
             "serving_memory": {"peak_rss_bytes": int(peak_rss), "rss_before_replays_bytes": int(rss_before),
-                               "kv_pool_bytes": int(pool_bytes), "max_num_seqs": cap, "policy": policy},
+                               "kv_pool_bytes": int(pool_bytes), "speed_probe_pool_bytes": probe.pool_bytes,
+                               "max_num_seqs": cap, "policy": policy},
             "steps_by_batch": by_batch.to_dict("records"),
             "headline": headline(comparison, by_batch, validation, step_frame,
                                  float(np.mean(list(drift.values()))) if drift else 1.0),
