@@ -50,10 +50,11 @@ LOCAL_RULES = ("profile", "validate", "report")
 COMPARED_SUFFIXES = (".csv", ".json")
 # ... except paths with a component or name part naming run-dependent content, which
 # differs from run to run: measured timings (profiles, benchmarks, the real-engine
-# validation replay), logs, and provenance (when and where a report was made).
+# validation replay), logs, provenance (when and where a report was made), and the
+# recommendation, which judges the memory target on the memory the validation replay measured.
 NONDETERMINISTIC_WORDS = (
     "timing", "timings", "profile", "profiles", "profiling",
-    "benchmark", "benchmarks", "validation", "log", "logs", "provenance",
+    "benchmark", "benchmarks", "validation", "log", "logs", "provenance", "recommendation",
 )
 _NONDETERMINISTIC = re.compile(
     r"(?:^|[/_.-])(?:" + "|".join(NONDETERMINISTIC_WORDS) + r")(?:[/_.-]|$)", re.IGNORECASE
