@@ -240,17 +240,27 @@ def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
     except (ValueError, KeyError, OSError) as exc:
         raise UsageError(f"--workload {args.workload!r}: {_reason(exc)}; allowed: a CSV with columns "
                          "arrival_s, prompt_tokens, output_tokens") from None
-    if args.num_requests:
-        trace = workload.Trace(trace.arrival_s[:args.num_requests], trace.prompt_tokens[:args.num_requests],
-                               trace.output_tokens[:args.num_requests])
+    trace = _first(trace, args.num_requests)
     if len(trace) == 0:
         raise UsageError(f"--workload {args.workload!r}: the trace has no requests")
+    return _at_rates(trace, f"--workload {args.workload!r}", rates)
+
+
+def _first(trace: workload.Trace, n: int | None) -> workload.Trace:
+    """The first n requests of a file's trace (all when n is not given)."""
+    if not n:
+        return trace
+    return workload.Trace(trace.arrival_s[:n], trace.prompt_tokens[:n], trace.output_tokens[:n])
+
+
+def _at_rates(trace: workload.Trace, label: str, rates) -> list[tuple[int, float, workload.Trace]]:
+    """A file's trace at its own pace (rate = requests / span) or rescaled to each of `rates`."""
     if not rates:
         return [(0, len(trace) / trace.duration_s if trace.duration_s > 0 else math.inf, trace)]
     if trace.duration_s <= 0:
-        raise UsageError(f"--workload {args.workload!r}: all arrivals at time 0, so --rate cannot rescale it")
+        raise UsageError(f"{label}: all arrivals at one time, so --rate cannot rescale it")
     if len(trace) * len(rates) > MAX_TRACE_REQUESTS:
-        raise UsageError(f"--workload {args.workload!r}: {len(trace):,} requests x {len(rates)} rates: at most "
+        raise UsageError(f"{label}: {len(trace):,} requests x {len(rates)} rates: at most "
                          f"{MAX_TRACE_REQUESTS:,} requests allowed")
     return [(0, rate, trace.with_rate(rate)) for rate in rates]
 
@@ -268,23 +278,13 @@ def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
         loaded = workload.load_trace(args.trace, args.trace_layout, args.trace_columns, args.trace_timestamps)
     except (ValueError, OSError) as exc:
         raise UsageError(f"--trace {args.trace!r}: {_reason(exc)}") from None
-    trace = loaded.trace
-    if args.num_requests:
-        trace = workload.Trace(trace.arrival_s[:args.num_requests], trace.prompt_tokens[:args.num_requests],
-                               trace.output_tokens[:args.num_requests])
+    trace = _first(loaded.trace, args.num_requests)
     args.trace_summary = {"path": args.trace, "layout": loaded.layout, "rows": loaded.rows,
                           "skipped_zero_token_rows": loaded.skipped_zero_tokens, "requests": len(trace)}
     if len(trace) == 0:
         raise UsageError(f"--trace {args.trace!r}: no request left ({loaded.rows} rows, "
                          f"{loaded.skipped_zero_tokens} with 0 tokens skipped)")
-    if not rates:
-        return [(0, len(trace) / trace.duration_s if trace.duration_s > 0 else math.inf, trace)]
-    if trace.duration_s <= 0:
-        raise UsageError(f"--trace {args.trace!r}: all arrivals at one time, so --rate cannot rescale it")
-    if len(trace) * len(rates) > MAX_TRACE_REQUESTS:
-        raise UsageError(f"--trace {args.trace!r}: {len(trace):,} requests x {len(rates)} rates: at most "
-                         f"{MAX_TRACE_REQUESTS:,} requests allowed")
-    return [(0, rate, trace.with_rate(rate)) for rate in rates]
+    return _at_rates(trace, f"--trace {args.trace!r}", rates)
 
 
 def _reason(exc: Exception) -> str:
