@@ -33,7 +33,7 @@ from servingplan.pipeline import terminal
 from servingplan.planner import kv_blocks
 from servingplan.profiling.machine import roofline_probes
 from servingplan.profiling.measure import (GridPoint, build_grid, decode_lengths, point_call, pool_for,
-                                           reference_points, time_call)
+                                           reference_points, time_call, time_references)
 from servingplan.serving.engine import Engine
 from servingplan.serving.replay import compare, predict_steps, replay, request_pairs
 from servingplan.sim import simulate
@@ -84,13 +84,10 @@ class SpeedProbe:
         """{kind: now / profiled} at this moment, recorded under `label`."""
         ratios = {}
         with torch.inference_mode():
-            for kind, call in self.calls.items():
-                timed = time_call(call, self.settings["warmup"], self.settings["repeats"], self.started)
-                seconds = float(np.median([s for _, s, _ in timed]))
-                ratios[kind] = seconds / self.baseline[kind]
-                self.rows.append({"label": label, "t_s": float(np.median([t for t, _, _ in timed])),
-                                  "kind": kind, "seconds": seconds, "profiled_s": self.baseline[kind],
-                                  "ratio": ratios[kind]})
+            for row in time_references(self.calls, self.settings, self.started):
+                ratios[row["kind"]] = row["seconds"] / self.baseline[row["kind"]]
+                self.rows.append({"label": label, **row, "profiled_s": self.baseline[row["kind"]],
+                                  "ratio": ratios[row["kind"]]})
         now = roofline_probes(self.roofline["probe_bytes"], self.roofline["gemm_size"])
         self.probes.append({"label": label, "bandwidth_gbs": now["bandwidth_gbs"], "gemm_gflops": now["gemm_gflops"],
                             "bandwidth_over_profile": now["bandwidth_gbs"] / self.roofline["bandwidth_gbs"],
@@ -218,6 +215,7 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
     speed_trace = pd.DataFrame(probe.rows)
     drift = {kind: float(speed_trace.loc[speed_trace["kind"] == kind, "ratio"].median())
              for kind in probe.calls} if len(speed_trace) else {}
+    drift_ratio = float(np.mean(list(drift.values()))) if drift else 1.0
     return {
         "comparison": comparison,
         "requests": pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame(),
@@ -228,15 +226,14 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
             "stable_capacity_rps": stable_rps, "stable_capacity_interval": [found["capacity_min_rps"],
                                                                             found["capacity_max_rps"]],
             "traces": traces,
-            "machine_drift": {"by_kind": drift, "ratio": float(np.mean(list(drift.values()))) if drift else 1.0,
+            "machine_drift": {"by_kind": drift, "ratio": drift_ratio,
                               "trace": probe.rows, "roofline": probe.probes},
             "path_check": checked,
             "serving_memory": {"peak_rss_bytes": int(peak_rss), "rss_before_replays_bytes": int(rss_before),
                                "kv_pool_bytes": int(pool_bytes), "speed_probe_pool_bytes": probe.pool_bytes,
                                "max_num_seqs": cap, "policy": policy},
             "steps_by_batch": by_batch.to_dict("records"),
-            "headline": headline(comparison, by_batch, validation, step_frame,
-                                 float(np.mean(list(drift.values()))) if drift else 1.0),
+            "headline": headline(comparison, by_batch, validation, step_frame, drift_ratio),
         },
     }
 
@@ -279,6 +276,4 @@ def headline(comparison: pd.DataFrame, by_batch: pd.DataFrame, validation: dict,
                     "judged_batches": [int(b) for b in judged_batches.get("batch", [])],
                     "met": bool(len(judged_batches)) and bool(judged_batches["within_goal"].all())}
     out["met"] = out["drift_corrected"]["met"]
-    out["worst_abs_ttft_p90_diff_pct"] = out["as_fitted"]["worst_abs_ttft_p90_diff_pct"]
-    out["worst_abs_tpot_mean_diff_pct"] = out["as_fitted"]["worst_abs_tpot_mean_diff_pct"]
     return out

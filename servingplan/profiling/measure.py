@@ -253,6 +253,18 @@ def profile_settings(profile_cfg: dict, quick: bool) -> dict:
     return {**profile_cfg, **QUICK_PROFILE} if quick else dict(profile_cfg)
 
 
+def time_references(calls: dict, settings: dict, clock_zero: float) -> list[dict]:
+    """One reading of each reference: {t_s, kind, seconds}, the median of `repeats` timed calls after
+    `warmup` untimed ones. The profiler's speed trace and validation's re-timings both read this way,
+    so a ratio between them measures the machine, not the method."""
+    rows = []
+    for kind, call in calls.items():
+        timed = time_call(call, settings["warmup"], settings["repeats"], clock_zero)
+        rows.append({"t_s": float(np.median([t for t, _, _ in timed])), "kind": kind,
+                     "seconds": float(np.median([s for _, s, _ in timed]))})
+    return rows
+
+
 class SpeedTracer:
     """Re-times the reference shapes whenever `interval_s` has passed since it last did."""
 
@@ -265,10 +277,7 @@ class SpeedTracer:
         return time.perf_counter() - self.last >= self.settings["reference_interval_s"]
 
     def record(self) -> None:
-        for kind, call in self.calls.items():
-            timed = time_call(call, self.settings["warmup"], self.settings["repeats"], self.clock_zero)
-            self.rows.append({"t_s": float(np.median([t for t, _, _ in timed])), "kind": kind,
-                              "seconds": float(np.median([s for _, s, _ in timed]))})
+        self.rows += time_references(self.calls, self.settings, self.clock_zero)
         self.last = time.perf_counter()
 
     def frame(self) -> pd.DataFrame:
