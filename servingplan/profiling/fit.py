@@ -248,14 +248,14 @@ def select_form(points: pd.DataFrame, rounds: pd.DataFrame) -> tuple[Form, dict]
     form = Form(table_batches=tuple(kept))
     prefill = points["kind"].isin(PREFILL_KINDS).to_numpy()
     term_scores = {}
+    with_term = float(round_errors(points, rounds, form)[prefill].mean())
     for term in OPTIONAL_PREFILL_TERMS:
-        with_term = float(round_errors(points, rounds, form)[prefill].mean())
         without = Form(tuple(t for t in form.prefill_terms if t != term), form.table_batches)
         without_term = float(round_errors(points, rounds, without)[prefill].mean())
         keep = with_term < without_term - SELECTION_MARGIN
         term_scores[term] = {"with_round_mape": with_term, "without_round_mape": without_term, "kept": keep}
         if not keep:
-            form = without
+            form, with_term = without, without_term
     return form, {"decode_table": batch_scores, "prefill_terms": term_scores}
 
 
