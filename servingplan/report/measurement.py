@@ -10,7 +10,6 @@ Every value comes from the profile's machine.json, the fit report and validation
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -33,26 +32,18 @@ def measurement_summary(machine: dict, fit_report: dict, validation_meta: dict |
         "reference_interval_s": machine["settings"]["reference_interval_s"],
         "rounds": machine["rounds"],
         "round_mape": fit_report["round_mape"],
-        "heldout_mape": fit_report["heldout_mape"],
-        "heldout_mape_line_only": fit_report["heldout_mape_line_only"],
-        "mape_goal": fit_report["mape_goal"],
-        "goal_met": fit_report["goal_met"],
         "table_batches": fit_report["form"]["table_batches"],
         "line_batches": [int(b) for b, s in selection["decode_table"].items() if not s["kept"]],
         "decode_selection": [{"batch": int(b), **s} for b, s in selection["decode_table"].items()],
         "prefill_terms_dropped": [t for t, s in selection["prefill_terms"].items() if not s["kept"]],
-        "prefill_selection": [{"term": t, **s} for t, s in selection["prefill_terms"].items()],
-        "speed_band": fit_report.get("speed_band", {}),
     }
     if validation_meta:
         summary["validation"] = {
             "drift_by_kind": validation_meta["machine_drift"]["by_kind"],
-            "drift_ratio": validation_meta["machine_drift"]["ratio"],
             "path_check": validation_meta["path_check"],
             "steps_by_batch": validation_meta["steps_by_batch"],
             "steps": validation_meta["headline"].get("steps"),
             "traces": [t for t in validation_meta["traces"] if not t.get("skipped")],
-            "serving_memory": validation_meta.get("serving_memory"),
         }
     return summary
 
@@ -106,15 +97,3 @@ def steps_by_batch_figure(validation_meta: dict) -> Figure:
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left")
     return fig
-
-
-def steps_table_rows(validation_meta: dict) -> list[dict]:
-    rows = []
-    for row in validation_meta["steps_by_batch"]:
-        rows.append({**row, "median_error_pct": _finite(row["median_error_pct"]),
-                     "median_corrected_error_pct": _finite(row["median_corrected_error_pct"])})
-    return rows
-
-
-def _finite(value):
-    return float(value) if value is not None and np.isfinite(value) else None
