@@ -113,19 +113,7 @@ def small_config():
 
 
 def plan_with(cost_model, price=1.0):
-    config = small_config()
-    seeds = [0, 1]
-    args = (MACHINE, "continuous_chunked", 4, config["workload"], config["slo"], config["sweep"], config["memory"],
-            seeds)
-    latency = planner.sweep_cell(cost_model, *args)
-    cap = planner.capacity_cell(cost_model, *args, config["capacity"])
-    capacity_frame = pd.DataFrame([{"criterion_name": name, **{k: v for k, v in res.items() if k != "per_seed"}}
-                                   for name, res in cap.items()])
-    fleet = planner.fleet_cell(cost_model, *args, config["capacity"], config["cost"])
-    memory, _ = planner.memory_table(MACHINE, latency, config["memory"], config["workload"]["rate"])
-    cost_cfg = dict(config["cost"], price_per_hour=price)
-    return planner.recommend(latency, capacity_frame, memory, [fleet], cost_cfg, config["slo"], config["workload"], seeds,
-                             step_model=cost_model, machine=MACHINE)
+    return hand_made_plan(cost_model, price=price)
 
 
 def test_recommendation_when_every_target_is_met():
@@ -150,7 +138,7 @@ def test_price_changes_only_the_cost_verdict():
     assert dear["chosen"]["latency_ms"] == cheap["chosen"]["latency_ms"]
 
 
-def hand_made_plan(cost_model, interval=None, serving_rss=None, speed=None):
+def hand_made_plan(cost_model, interval=None, serving_rss=None, speed=None, price=1.0):
     """A plan whose capacity rows, machine and validation files carry the fields the issue-10 stages
     add (an interval with the speed band, the machine's speed trace, the engine's serving memory)."""
     config = small_config()
@@ -170,8 +158,9 @@ def hand_made_plan(cost_model, interval=None, serving_rss=None, speed=None):
     machine = dict(MACHINE, speed=speed) if speed else MACHINE
     validation = {"policy": "continuous_chunked", "serving_memory": {"peak_rss_bytes": serving_rss, "max_num_seqs": 4}} \
         if serving_rss else None
-    return planner.recommend(latency, pd.DataFrame(rows), memory, [fleet], config["cost"], config["slo"],
-                             config["workload"], seeds, step_model=cost_model, machine=machine, validation=validation)
+    return planner.recommend(latency, pd.DataFrame(rows), memory, [fleet], dict(config["cost"], price_per_hour=price),
+                             config["slo"], config["workload"], seeds, step_model=cost_model, machine=machine,
+                             validation=validation)
 
 
 def test_capacity_interval_from_the_capacity_stage_is_used_when_present():
