@@ -13,7 +13,9 @@ check_or_exit(config)
 # node and inherit the submit host's environment, so they keep its fingerprint instead of their own.
 MACHINE = os.environ.setdefault("SERVINGPLAN_MACHINE", fingerprint(config["profile"]["threads"]))
 PROFILE_DIR = f"results/profile/{MACHINE}"
-SEEDS = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
+# A trace file is one fixed workload: every seed would replay the same requests, so it gets one.
+SEEDS = [config["seed"] * 1000 + i
+         for i in range(1 if config["workload"].get("trace") else config["sweep"]["seeds"])]
 CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
 
 wildcard_constraints:

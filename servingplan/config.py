@@ -182,17 +182,25 @@ def check(config: dict) -> None:
         raise ConfigError(f"config error: model.source = {source!r}: must be 'random' or a local directory "
                           "holding a transformers checkpoint (config.json + weights)")
     _check_sizes(config)
-    _check_trace(config["workload"].get("trace"))
+    _check_trace(config["workload"].get("trace"), config["memory"]["max_context"])
 
 
-def _check_trace(trace: dict | None) -> None:
-    """A trace file is read once here, so a bad row stops the run before any work."""
+def _check_trace(trace: dict | None, reserved_context: int) -> None:
+    """A trace file is read once here, so a bad row or a request longer than the context each
+    sequence is reserved stops the run before any work."""
     if trace is None:
         return
+    limit = trace.get("max_context", reserved_context)
+    if limit > reserved_context:
+        raise ConfigError(f"config error: workload.trace.max_context = {limit}: must be <= memory.max_context "
+                          f"({reserved_context}), the context each sequence is reserved")
+    if trace.get("too_long", "refuse") != "refuse" and "max_context" not in trace:
+        raise ConfigError(f"config error: workload.trace.too_long = {trace['too_long']!r}: needs "
+                          "workload.trace.max_context, the context requests are fitted to")
     # imported here: numpy and pandas would slow every snakemake start that has no trace
     from servingplan.workload import load_trace
     try:
-        loaded = load_trace(**trace)
+        loaded = load_trace(**{**trace, "max_context": limit})
     except (OSError, ValueError) as exc:
         raise ConfigError(f"config error: workload.trace.path = {trace['path']!r}: {' '.join(str(exc).split())}")
     if len(loaded.trace) < 2:

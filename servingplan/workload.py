@@ -185,18 +185,46 @@ TRACE_LAYOUTS = {
                  "timestamps": "seconds"},
 }
 TIMESTAMP_KINDS = ("seconds", "datetime")
+# What happens to a request whose prompt + reply do not fit the model's context. vLLM rejects a prompt
+# longer than max_model_len; public logs come from models with far longer contexts than GPT-2's 1,024
+# tokens, so the user chooses and the report counts what was changed.
+TOO_LONG_POLICIES = ("refuse", "skip", "clip")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 
 @dataclass(frozen=True)
 class LoadedTrace:
-    """A trace read from a file, and what the 0-token policy dropped: a row asking for 0 prompt or 0
+    """A trace read from a file, and what its policies changed: a row asking for 0 prompt or 0
     output tokens is no request a server could serve (logs record failures that way), so it is
-    skipped and counted, never silently kept or fatal."""
+    skipped and counted, never silently kept or fatal; a request longer than the context is refused,
+    skipped or clipped as `too_long` says, and counted."""
     trace: Trace
     rows: int
     skipped_zero_tokens: int
     layout: str
+    too_long: str = "refuse"
+    too_long_requests: int = 0
+
+
+def _fit_context(prompts: np.ndarray, outputs: np.ndarray, max_context: int, too_long: str, path):
+    """Prompts and replies made to fit `max_context` tokens (prompt + reply) by the `too_long` policy,
+    the mask of requests kept and how many were too long. `clip` keeps the reply (at most half the
+    context) and drops the prompt's oldest tokens, as a chat front end drops old turns."""
+    if too_long not in TOO_LONG_POLICIES:
+        raise ValueError(f"trace too_long {too_long!r}: allowed {', '.join(TOO_LONG_POLICIES)}")
+    over = prompts + outputs > max_context
+    count = int(over.sum())
+    keep = np.ones(len(prompts), dtype=bool)
+    if count and too_long == "refuse":
+        longest = int((prompts + outputs).max())
+        raise ValueError(f"trace {path}: {count} of {len(prompts)} requests need more than {max_context} tokens "
+                         f"(prompt + reply; the longest {longest}); set too_long to skip or clip them")
+    if too_long == "skip":
+        keep = ~over
+    elif too_long == "clip":
+        outputs = np.where(over, np.minimum(outputs, max_context // 2), outputs)
+        prompts = np.where(over, np.minimum(prompts, max_context - outputs), prompts)
+    return prompts, outputs, keep, count
 
 
 def _records(path: Path):
@@ -241,12 +269,14 @@ def _timestamp(text: str, kind: str) -> float:
 
 
 def load_trace(path, layout: str = "servingplan", columns: dict | None = None, timestamps: str | None = None,
-               rate: float | None = None) -> LoadedTrace:
+               rate: float | None = None, requests: int | None = None, max_context: int | None = None,
+               too_long: str = "refuse") -> LoadedTrace:
     """A trace from a CSV or JSONL file (.jsonl/.ndjson) in one of TRACE_LAYOUTS, with `columns`
     ({arrival, prompt_tokens, output_tokens} -> the file's names) and `timestamps` overriding the
-    layout's. Arrivals start at 0 (the first request's timestamp) and, with `rate`, are rescaled to
-    that mean rate. Rows with 0 tokens are skipped and counted; any other bad cell raises ValueError
-    naming the file, the line, the column and the value."""
+    layout's. Rows with 0 tokens are skipped and counted; with `max_context`, requests longer than it
+    are handled by `too_long` (see _fit_context); then the first `requests` arrivals are kept.
+    Arrivals start at 0 (the first request's timestamp) and, with `rate`, are rescaled to that mean
+    rate. Any other bad cell raises ValueError naming the file, the line, the column and the value."""
     path = Path(path)
     if layout not in TRACE_LAYOUTS:
         raise ValueError(f"trace layout {layout!r}: allowed {', '.join(TRACE_LAYOUTS)}")
@@ -284,13 +314,23 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
         outputs.append(tokens["output_tokens"])
     arrival_s = np.asarray(arrivals, dtype=float)
     order = np.argsort(arrival_s, kind="stable")
-    arrival_s = arrival_s[order] - (arrival_s.min() if len(arrival_s) else 0.0)
-    trace = Trace(arrival_s, np.asarray(prompts, dtype=np.int64)[order], np.asarray(outputs, dtype=np.int64)[order])
+    arrival_s = arrival_s[order]
+    prompt_tokens = np.asarray(prompts, dtype=np.int64)[order]
+    output_tokens = np.asarray(outputs, dtype=np.int64)[order]
+    too_long_requests = 0
+    if max_context is not None:
+        prompt_tokens, output_tokens, keep, too_long_requests = _fit_context(prompt_tokens, output_tokens,
+                                                                             max_context, too_long, path)
+        arrival_s, prompt_tokens, output_tokens = arrival_s[keep], prompt_tokens[keep], output_tokens[keep]
+    if requests is not None:
+        arrival_s, prompt_tokens, output_tokens = arrival_s[:requests], prompt_tokens[:requests], output_tokens[:requests]
+    arrival_s = arrival_s - (arrival_s.min() if len(arrival_s) else 0.0)
+    trace = Trace(arrival_s, prompt_tokens, output_tokens)
     if rate is not None:
         if trace.duration_s <= 0:
             raise ValueError(f"trace {path}: every request arrives at once, so it cannot be rescaled to rate {rate:g}")
         trace = trace.with_rate(rate)
-    return LoadedTrace(trace, rows, skipped, layout)
+    return LoadedTrace(trace, rows, skipped, layout, too_long, too_long_requests)
 
 
 # The capstone: 600 requests at 6/s. The source gives prompt lengths only as a range, so they are

@@ -158,4 +158,5 @@ def test_the_pipeline_sizes_the_service_for_a_trace_file(tmp_path, layout, name)
     snakemake(workdir, configfile="config/trace.yaml")
     latency = pd.read_csv(workdir / "results/sweep/latency.csv")
     assert (latency["num_requests"] == requests).all()
+    assert latency["seed"].nunique() == 1  # one fixed workload: more seeds would replay the same requests
     assert (workdir / "results/report/report.md").stat().st_size > 0
