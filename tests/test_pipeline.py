@@ -149,12 +149,14 @@ def write_trace(path: Path, layout: str, rows: int = 150) -> int:
 
 
 @pytest.mark.parametrize("layout, name", [("azure", "azure.csv"), ("burstgpt", "burstgpt.jsonl")])
-def test_the_pipeline_sizes_the_service_for_a_trace_file(tmp_path, layout, name):
-    workdir = copy_repository(tmp_path)
+def test_the_pipeline_sizes_the_service_for_a_trace_file(pipeline, tmp_path, layout, name):
+    # a copy of the quick run: the trace changes the workload, not the profile, which is kept
+    workdir = Path(shutil.copytree(pipeline, tmp_path / "run", symlinks=True))
     requests = write_trace(workdir / name, layout)
     config = yaml.safe_load((workdir / QUICK).read_text())
     config["workload"]["trace"] = {"path": name, "layout": layout}
     (workdir / "config" / "trace.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    assert "profile" not in planned_rules(workdir, configfile="config/trace.yaml")
     snakemake(workdir, configfile="config/trace.yaml")
     latency = pd.read_csv(workdir / "results/sweep/latency.csv")
     assert (latency["num_requests"] == requests).all()
