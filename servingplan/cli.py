@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from servingplan import costmodel, workload
 from servingplan.io import write_json
-from servingplan.metrics import (SLO, aggregate_seeds, finite_or_none, itl_values, per_request, percentile,
-                                 summarize)
+from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
+from servingplan.seeds import over_seeds
 from servingplan.sim import POLICIES, simulate
 from servingplan.sim.policies import chunks
 
@@ -419,31 +420,37 @@ def run_cells(args, cost, traces, slo, step_budget: tuple[int, str], vllm_keys: 
                         figures.append(vllm_figures(result, summaries[-1], percentiles))
                     if args.save_detailed:
                         details.append(detailed(seed, result))
-                agg = aggregate_seeds(summaries)
-                row = {"policy": policy, "max_num_seqs": cap, "rate": rate, "seeds": agg["seeds"],
-                       "stable": agg["stable_min"] == 1.0, "stable_share": agg["stable_mean"],
-                       "slo_holds_share": agg["slo_holds_mean"]}
+                cell = {"policy": policy, "max_num_seqs": cap, "rate": rate}
+                # the shares count seeds: a per-seed 0/1 whose mean over seeds is the share
+                agg = over_seeds(pd.DataFrame([{**cell, **s, "stable_share": float(s["stable"]),
+                                                "slo_holds_share": float(s["slo_holds"])} for s in summaries]),
+                                 list(cell), spread=True).iloc[0]
+                row = {**cell, "seeds": len(summaries), "stable": bool(agg["stable"]),
+                       "stable_share": agg["stable_share"], "slo_holds_share": agg["slo_holds_share"]}
                 metrics = ["ttft_ms", "tpot_ms"] + (["itl_ms"] if slo.itl_ms is not None else [])
                 for metric in metrics:
                     for q in REPORTED_PERCENTILES:
-                        row[f"{metric}_p{q}"] = agg[f"{metric}_p{q}_mean"]
-                for key in ("goodput_rps", "attainment", "throughput_tok_s", "preemptions"):
-                    row[key] = agg[f"{key}_mean"]
-                row["goodput_rps_std"] = agg["goodput_rps_std"]
+                        row[f"{metric}_p{q}"] = agg[f"{metric}_p{q}"]
+                for key in ("goodput_rps", "attainment", "throughput_tok_s", "preemptions", "goodput_rps_std"):
+                    row[key] = agg[key]
                 row["peak_running"] = int(agg["peak_running_max"])
                 if vllm_keys:
-                    means = aggregate_seeds(figures)
-                    row.update({key: means[f"{key}_mean"] for key in figures[0]})
+                    means = over_seeds(pd.DataFrame([{**cell, **f} for f in figures]), list(cell)).iloc[0]
+                    row.update({key: means[key] for key in figures[0]})
                 if details:
                     row["detailed"] = details
                 rows.append(row)
     return rows
 
 
-def _fmt(value, digits: int) -> str:
-    if value is None:
-        return "inf"
-    return f"{value:.{digits}f}"
+def _fmt(value, digits: int, scale: float = 1.0, unit: str = "") -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value * scale:.{digits}f}{unit}"
+
+
+def _of_seeds(share, seeds: int) -> str:
+    return "-" if math.isnan(share) else f"{round(share * seeds)}/{seeds}"
 
 
 def describe_step_budget(step_budget: tuple[int, str]) -> str:
@@ -458,7 +465,7 @@ def format_table(rows: list[dict], slo: SLO, step_budget: tuple[int, str]) -> st
     has_itl = any("itl_ms_p99" in r for r in rows)
     columns = [("policy", lambda r: r["policy"]), ("cap", lambda r: str(r["max_num_seqs"])),
                ("rate", lambda r: f"{r['rate']:g}"), ("seeds", lambda r: str(r["seeds"])),
-               ("stable", lambda r: f"{round(r['stable_share'] * r['seeds'])}/{r['seeds']}")]
+               ("stable", lambda r: _of_seeds(r["stable_share"], r["seeds"]))]
     for q in (50, 95, 99):
         columns.append((f"ttft_p{q}_ms", lambda r, q=q: _fmt(r[f"ttft_ms_p{q}"], 0)))
     for q in (50, 95, 99):
@@ -467,9 +474,9 @@ def format_table(rows: list[dict], slo: SLO, step_budget: tuple[int, str]) -> st
         columns.append(("itl_p99_ms", lambda r: _fmt(r.get("itl_ms_p99"), 2)))
     columns += [("tok/s", lambda r: _fmt(r["throughput_tok_s"], 0)),
                 ("goodput_rps", lambda r: _fmt(r["goodput_rps"], 2)),
-                ("goodput_std", lambda r: _fmt(r["goodput_rps_std"], 2) if r["seeds"] > 1 else "-"),
-                ("attain", lambda r: f"{100 * r['attainment']:.1f}%"),
-                ("slo_holds", lambda r: f"{round(r['slo_holds_share'] * r['seeds'])}/{r['seeds']}"),
+                ("goodput_std", lambda r: _fmt(r["goodput_rps_std"], 2)),
+                ("attain", lambda r: _fmt(r["attainment"], 1, 100, "%")),
+                ("slo_holds", lambda r: _of_seeds(r["slo_holds_share"], r["seeds"])),
                 ("preempt", lambda r: _fmt(r["preemptions"], 0)),
                 ("peak_run", lambda r: str(r["peak_running"]))]
     cells = [[name for name, _ in columns]] + [[get(r) for _, get in columns] for r in rows]
@@ -479,8 +486,8 @@ def format_table(rows: list[dict], slo: SLO, step_budget: tuple[int, str]) -> st
     lines.insert(1, "-" * len(lines[0]))
     lines.append("")
     lines.append(f"SLO: {describe_slo(slo)}. Latencies and goodput are means over seeds; "
-                 "inf = the percentile falls among unfinished requests; peak_run = most sequences "
-                 "running at once (any seed).")
+                 "- = undefined (a seed's queue grew, so there is no steady state to measure, or no request has the figure); "
+                 "peak_run = most sequences running at once (any seed).")
     if any(chunks(r["policy"]) for r in rows):
         lines.append(describe_step_budget(step_budget))
     stable = [r for r in rows if r["stable"]]
