@@ -15,6 +15,7 @@ import numpy as np
 
 from servingplan.metrics import SLO, summarize
 from servingplan.sim import simulate
+from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.workload import Trace
 
 
@@ -80,21 +81,23 @@ def bisect_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: fl
 
 
 def run_at_rate(trace: Trace, rate: float, cost, policy: str, cap: int, chunk_size: int,
-                kv_blocks: int | None, block_size: int, horizon_factor: float, slo: SLO) -> dict:
+                kv_blocks: int | None, block_size: int, horizon_factor: float, slo: SLO,
+                chunk_budget: str = DEFAULT_CHUNK_BUDGET) -> dict:
     result = simulate(trace.with_rate(rate), cost, policy, cap, chunk_size, kv_blocks, block_size,
-                      horizon_factor)
+                      horizon_factor, chunk_budget=chunk_budget)
     return summarize(result, slo)
 
 
 def capacity(traces: list[Trace], seeds: list[int], cost, policy: str, cap: int, chunk_size: int,
              criterion: Criterion, rate_min: float, rate_max: float, tolerance: float,
-             kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0) -> dict:
+             kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
+             chunk_budget: str = DEFAULT_CHUNK_BUDGET) -> dict:
     """Per-seed brackets and their spread. `capacity` is the median of the per-seed lower bounds."""
     per_seed = []
     for seed, trace in zip(seeds, traces):
         def holds_at(rate, trace=trace):
             return criterion.holds(run_at_rate(trace, rate, cost, policy, cap, chunk_size, kv_blocks,
-                                               block_size, horizon_factor, criterion.slo))
+                                               block_size, horizon_factor, criterion.slo, chunk_budget))
         bracket = bisect_rate(holds_at, rate_min, rate_max, tolerance)
         per_seed.append({"seed": seed, **bracket})
     lowers = np.array([s["lower"] for s in per_seed])

@@ -15,17 +15,21 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from servingplan import costmodel, workload
 from servingplan.io import write_json
-from servingplan.metrics import (SLO, aggregate_seeds, finite_or_none, itl_values, per_request, percentile,
-                                 summarize)
+from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
+from servingplan.seeds import over_seeds
 from servingplan.sim import POLICIES, simulate
+from servingplan.sim.policies import chunks
 
 PROG = "serving_sim"
 CURVE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 # vLLM's default max_num_seqs
 DEFAULT_CAP = 256
+# the source's prompt chunk
+DEFAULT_CHUNK_SIZE = 512
 REPORTED_PERCENTILES = (50, 90, 95, 99)
 # Bounds that keep every run finite in time and memory, far above any useful value.
 MAX_RATE = 1e6
@@ -165,8 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arrival column holds seconds or ISO 8601 datetimes (default: the layout's)")
     p.add_argument("--cost-model", default="exercise2",
                    help=f"preset ({', '.join(costmodel.PRESETS)}) or cost-model JSON (default exercise2)")
-    p.add_argument("--chunk-size", type=bounded_int(MAX_TOKENS), default=512,
-                   help="prompt tokens per step, chunked policy")
+    p.add_argument("--chunk-size", type=bounded_int(MAX_TOKENS),
+                   help=f"prompt tokens per step of the chunked policy; the decodes ride along (default "
+                        f"{DEFAULT_CHUNK_SIZE})")
+    p.add_argument("--max-num-batched-tokens", type=bounded_int(MAX_TOKENS),
+                   help="instead of --chunk-size: vLLM's per-step token budget of the chunked policy, every "
+                        "decoding sequence's token included; at least the largest cap")
     p.add_argument("--seeds", type=seed_list,
                    help=f"number of seeds (N means 0..N-1) or a comma-separated list of exactly the seeds to run "
                         f"(default {DEFAULT_SEEDS})")
@@ -291,6 +299,32 @@ def _reason(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def chosen_policies(args) -> list[str]:
+    return list(dict.fromkeys(p for group in (args.policies or [["continuous_chunked"]]) for p in group))
+
+
+def chosen_caps(args) -> list[int]:
+    return args.sweep_batch or [args.max_num_seqs]
+
+
+def chunk_budget_from(args) -> tuple[int, str]:
+    """(tokens, what they count) per step of a chunking policy, from --chunk-size or --max-num-batched-tokens."""
+    policies, caps = chosen_policies(args), chosen_caps(args)
+    budget = args.max_num_batched_tokens
+    if budget is None:
+        return (args.chunk_size or DEFAULT_CHUNK_SIZE), "prompt_tokens"
+    if args.chunk_size is not None:
+        raise UsageError(f"--chunk-size {args.chunk_size} and --max-num-batched-tokens {budget} both set the "
+                         "chunked policy's step budget: give one")
+    if not any(chunks(p) for p in policies):
+        raise UsageError(f"--max-num-batched-tokens {budget}: budgets the steps of a chunking policy "
+                         f"({', '.join(p for p in POLICIES if chunks(p))}), and none was chosen")
+    if budget < max(caps):
+        raise UsageError(f"--max-num-batched-tokens {budget}: must be >= the largest cap ({max(caps)}), as in "
+                         "vLLM, so the decodes of a full batch leave room for prompt tokens")
+    return budget, "step_tokens"
+
+
 def seeds_from(args) -> list[int]:
     if args.seed is not None and args.seeds is not None:
         raise UsageError(f"--seed {args.seed} and --seeds both choose seeds: give one")
@@ -362,61 +396,76 @@ def detailed(seed: int, result) -> dict:
             "itls": [np.diff(result.token_times(i)).tolist() for i in range(len(times))], "errors": errors}
 
 
-def run_cells(args, cost, traces, slo, vllm_keys: bool = False) -> list[dict]:
+def run_cells(args, cost, traces, slo, step_budget: tuple[int, str], vllm_keys: bool = False) -> list[dict]:
     """One row per (policy, cap, rate): the mean over seeds of each summary figure, and with
-    `vllm_keys` the same under vLLM's result names (plus `detailed` per seed with --save-detailed)."""
-    policies = [p for group in (args.policies or [["continuous_chunked"]]) for p in group]
-    caps = args.sweep_batch or [args.max_num_seqs]
+    `vllm_keys` the same under vLLM's result names (plus `detailed` per seed with --save-detailed).
+    `step_budget` is the chunking policies' (chunk size, what it counts)."""
+    chunk_size, chunk_budget = step_budget
     rates = sorted({rate for _, rate, _ in traces})
     record_tokens = slo.itl_ms is not None or vllm_keys
     percentiles = args.metric_percentiles or DEFAULT_METRIC_PERCENTILES
     rows = []
-    for policy in dict.fromkeys(policies):
-        for cap in caps:
+    for policy in chosen_policies(args):
+        for cap in chosen_caps(args):
             for rate in rates:
                 summaries, figures, details = [], [], []
                 for seed, r, trace in traces:
                     if r != rate:
                         continue
-                    result = simulate(trace, cost, policy, cap, args.chunk_size, kv_blocks=args.kv_blocks,
-                                      block_size=args.block_size, record_tokens=record_tokens)
+                    result = simulate(trace, cost, policy, cap, chunk_size, kv_blocks=args.kv_blocks,
+                                      block_size=args.block_size, record_tokens=record_tokens,
+                                      chunk_budget=chunk_budget)
                     summaries.append(summarize(result, slo))
                     if vllm_keys:
                         figures.append(vllm_figures(result, summaries[-1], percentiles))
                     if args.save_detailed:
                         details.append(detailed(seed, result))
-                agg = aggregate_seeds(summaries)
-                row = {"policy": policy, "max_num_seqs": cap, "rate": rate, "seeds": agg["seeds"],
-                       "stable": agg["stable_min"] == 1.0, "stable_share": agg["stable_mean"],
-                       "slo_holds_share": agg["slo_holds_mean"]}
+                cell = {"policy": policy, "max_num_seqs": cap, "rate": rate}
+                # the shares count seeds: a per-seed 0/1 whose mean over seeds is the share
+                agg = over_seeds(pd.DataFrame([{**cell, **s, "stable_share": float(s["stable"]),
+                                                "slo_holds_share": float(s["slo_holds"])} for s in summaries]),
+                                 list(cell), spread=True).iloc[0]
+                row = {**cell, "seeds": len(summaries), "stable": bool(agg["stable"]),
+                       "stable_share": agg["stable_share"], "slo_holds_share": agg["slo_holds_share"]}
                 metrics = ["ttft_ms", "tpot_ms"] + (["itl_ms"] if slo.itl_ms is not None else [])
                 for metric in metrics:
                     for q in REPORTED_PERCENTILES:
-                        row[f"{metric}_p{q}"] = agg[f"{metric}_p{q}_mean"]
-                for key in ("goodput_rps", "attainment", "throughput_tok_s", "preemptions"):
-                    row[key] = agg[f"{key}_mean"]
-                row["goodput_rps_std"] = agg["goodput_rps_std"]
+                        row[f"{metric}_p{q}"] = agg[f"{metric}_p{q}"]
+                for key in ("goodput_rps", "attainment", "throughput_tok_s", "preemptions", "goodput_rps_std"):
+                    row[key] = agg[key]
                 row["peak_running"] = int(agg["peak_running_max"])
                 if vllm_keys:
-                    means = aggregate_seeds(figures)
-                    row.update({key: means[f"{key}_mean"] for key in figures[0]})
+                    means = over_seeds(pd.DataFrame([{**cell, **f} for f in figures]), list(cell)).iloc[0]
+                    row.update({key: means[key] for key in figures[0]})
                 if details:
                     row["detailed"] = details
                 rows.append(row)
     return rows
 
 
-def _fmt(value, digits: int) -> str:
-    if value is None:
-        return "inf"
-    return f"{value:.{digits}f}"
+def _fmt(value, digits: int, scale: float = 1.0, unit: str = "") -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value * scale:.{digits}f}{unit}"
 
 
-def format_table(rows: list[dict], slo: SLO) -> str:
+def _of_seeds(share, seeds: int) -> str:
+    return "-" if math.isnan(share) else f"{round(share * seeds)}/{seeds}"
+
+
+def describe_step_budget(step_budget: tuple[int, str]) -> str:
+    tokens, counts = step_budget
+    if counts == "step_tokens":
+        return (f"Chunked prefill: at most {tokens} tokens per step, one per decoding sequence included "
+                "(--max-num-batched-tokens, vLLM's meaning).")
+    return f"Chunked prefill: at most {tokens} prompt tokens per step, the decodes riding along (--chunk-size)."
+
+
+def format_table(rows: list[dict], slo: SLO, step_budget: tuple[int, str]) -> str:
     has_itl = any("itl_ms_p99" in r for r in rows)
     columns = [("policy", lambda r: r["policy"]), ("cap", lambda r: str(r["max_num_seqs"])),
                ("rate", lambda r: f"{r['rate']:g}"), ("seeds", lambda r: str(r["seeds"])),
-               ("stable", lambda r: f"{round(r['stable_share'] * r['seeds'])}/{r['seeds']}")]
+               ("stable", lambda r: _of_seeds(r["stable_share"], r["seeds"]))]
     for q in (50, 95, 99):
         columns.append((f"ttft_p{q}_ms", lambda r, q=q: _fmt(r[f"ttft_ms_p{q}"], 0)))
     for q in (50, 95, 99):
@@ -425,9 +474,9 @@ def format_table(rows: list[dict], slo: SLO) -> str:
         columns.append(("itl_p99_ms", lambda r: _fmt(r.get("itl_ms_p99"), 2)))
     columns += [("tok/s", lambda r: _fmt(r["throughput_tok_s"], 0)),
                 ("goodput_rps", lambda r: _fmt(r["goodput_rps"], 2)),
-                ("goodput_std", lambda r: _fmt(r["goodput_rps_std"], 2) if r["seeds"] > 1 else "-"),
-                ("attain", lambda r: f"{100 * r['attainment']:.1f}%"),
-                ("slo_holds", lambda r: f"{round(r['slo_holds_share'] * r['seeds'])}/{r['seeds']}"),
+                ("goodput_std", lambda r: _fmt(r["goodput_rps_std"], 2)),
+                ("attain", lambda r: _fmt(r["attainment"], 1, 100, "%")),
+                ("slo_holds", lambda r: _of_seeds(r["slo_holds_share"], r["seeds"])),
                 ("preempt", lambda r: _fmt(r["preemptions"], 0)),
                 ("peak_run", lambda r: str(r["peak_running"]))]
     cells = [[name for name, _ in columns]] + [[get(r) for _, get in columns] for r in rows]
@@ -437,8 +486,10 @@ def format_table(rows: list[dict], slo: SLO) -> str:
     lines.insert(1, "-" * len(lines[0]))
     lines.append("")
     lines.append(f"SLO: {describe_slo(slo)}. Latencies and goodput are means over seeds; "
-                 "inf = the percentile falls among unfinished requests; peak_run = most sequences "
-                 "running at once (any seed).")
+                 "- = undefined (a seed's queue grew, so there is no steady state to measure, or no request has the figure); "
+                 "peak_run = most sequences running at once (any seed).")
+    if any(chunks(r["policy"]) for r in rows):
+        lines.append(describe_step_budget(step_budget))
     stable = [r for r in rows if r["stable"]]
     if stable:
         best = max(stable, key=lambda r: r["goodput_rps"] or 0.0)
@@ -478,7 +529,8 @@ def main(argv=None) -> int:
         if args.save_result and (result_path.is_dir() or Path(args.result_dir).is_file()):
             raise UsageError(f"--result-dir {args.result_dir!r} / --result-filename {args.result_filename!r}: "
                              "must name a file in a directory")
-        rows = run_cells(args, cost, load_traces(args), slo, vllm_keys=args.json or args.save_result)
+        step_budget = chunk_budget_from(args)
+        rows = run_cells(args, cost, load_traces(args), slo, step_budget, vllm_keys=args.json or args.save_result)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -488,6 +540,7 @@ def main(argv=None) -> int:
             "num_prompts": args.num_requests, "seeds": seeds_from(args) if args.workload in workload.PRESETS else [0],
             "metric_percentiles": args.metric_percentiles or DEFAULT_METRIC_PERCENTILES,
             "slo": {k: v for k, v in vars(slo).items() if v is not None},
+            "chunk_budget": {"tokens": step_budget[0], "counts": step_budget[1]},
             "trace": getattr(args, "trace_summary", None),
             "results": [{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows]})
     if args.json:
@@ -495,7 +548,7 @@ def main(argv=None) -> int:
         print(json.dumps([{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()}
                           for row in rows], indent=1))
     else:
-        print(format_table(rows, slo))
+        print(format_table(rows, slo, step_budget))
         summary = getattr(args, "trace_summary", None)
         if summary:
             print(f"Trace {summary['path']} ({summary['layout']} layout): {summary['rows']} rows, "

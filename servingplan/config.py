@@ -14,7 +14,7 @@ import yaml
 
 from servingplan import architecture
 from servingplan.memory import GB, reserved_tokens_per_seq
-from servingplan.sim.policies import POLICIES
+from servingplan.sim.policies import CHUNK_BUDGETS, POLICIES, chunk_budget, chunks
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
@@ -162,6 +162,7 @@ def check(config: dict) -> None:
         raise ConfigError(f"config error: {_key(found[0])} = {found[1]!r}: must be a finite number")
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     schema["definitions"]["policy"]["enum"] = list(POLICIES)
+    schema["properties"]["sweep"]["properties"]["chunk_budget"]["enum"] = list(CHUNK_BUDGETS)
     validator = _Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if errors:
@@ -182,7 +183,28 @@ def check(config: dict) -> None:
         raise ConfigError(f"config error: model.source = {source!r}: must be 'random' or a local directory "
                           "holding a transformers checkpoint (config.json + weights)")
     _check_sizes(config)
+    _check_step_budget(config)
     _check_trace(config["workload"].get("trace"), config["memory"]["max_context"])
+
+
+def _check_step_budget(config: dict) -> None:
+    """Counting every token of a step, a chunk must leave room for a prompt token beside the decodes
+    of a full running set (vLLM requires max_num_batched_tokens >= max_num_seqs), or a step could
+    carry no work."""
+    sweep = config["sweep"]
+    if chunk_budget(sweep) != "step_tokens":
+        return
+    validation = config["validation"]
+    bounds = [("sweep.chunk_size", sweep["chunk_size"], sweep["chunk_size"], max(sweep["caps"]), "sweep.caps"),
+              ("sweep.chunk_sizes", sweep["chunk_sizes"], min(sweep["chunk_sizes"]), max(sweep["caps"]), "sweep.caps")]
+    if chunks(validation["policy"]):
+        bounds.append(("sweep.chunk_size", sweep["chunk_size"], sweep["chunk_size"], validation["cap"],
+                       "validation.cap"))
+    for key, value, size, cap, cap_key in bounds:
+        if size < cap:
+            raise ConfigError(f"config error: {key} = {value}: with sweep.chunk_budget step_tokens every chunk "
+                              f"must be >= the largest cap ({cap_key}: {cap}), so a step's decodes leave room "
+                              "for prompt tokens")
 
 
 def _check_trace(trace: dict | None, reserved_context: int) -> None:

@@ -273,24 +273,3 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict:
         "peak_running": int(result.peak_running),
     })
     return out
-
-
-def aggregate_seeds(summaries: list[dict]) -> dict:
-    """Mean, sample std, min and max over seeds of every numeric key, as `{key}_{stat}`, plus
-    `seeds`. Booleans count as 0/1, so `stable_mean` is the share of stable seeds. A None in some
-    seed (an infinite or undefined value) makes that key's mean, std and max None; its min is the
-    smallest defined value."""
-    if not summaries:
-        raise ValueError("aggregate_seeds: no summaries")
-    out = {"seeds": len(summaries)}
-    for key in summaries[0]:
-        values = [s.get(key) for s in summaries]
-        if not all(v is None or isinstance(v, (int, float, bool, np.number)) for v in values):
-            continue
-        defined = np.array([float(v) for v in values if v is not None])
-        complete = defined.size == len(values)
-        out[f"{key}_mean"] = float(defined.mean()) if complete else None
-        out[f"{key}_std"] = float(defined.std(ddof=1)) if complete and defined.size > 1 else None
-        out[f"{key}_min"] = float(defined.min()) if defined.size else None
-        out[f"{key}_max"] = float(defined.max()) if complete else None
-    return out

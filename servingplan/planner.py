@@ -56,7 +56,8 @@ def sweep_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     for seed, trace in zip(seeds, traces(workload, seeds)):
         for rate in sweep_rates(sweep, workload, slo):
             result = simulate(trace.with_rate(rate), step_model, policy, cap, sweep["chunk_size"], blocks,
-                              memory["block_size"], sweep["horizon_factor"], record_tokens=True)
+                              memory["block_size"], sweep["horizon_factor"], record_tokens=True,
+                              chunk_budget=policies.chunk_budget(sweep))
             rows.append({"policy": policy, "max_num_seqs": cap, "chunk_size": sweep["chunk_size"],
                          "rate": rate, "seed": seed, "kv_blocks": blocks,
                          **summarize(result, capstone_slo(slo))})
@@ -75,7 +76,8 @@ def chunk_cell(step_model, machine, cap, workload, slo, sweep, memory, seeds) ->
             for chunk in sorted(sweep["chunk_sizes"]):
                 for rate in rates:
                     result = simulate(trace.with_rate(rate), step_model, policy, cap, chunk, blocks,
-                                      memory["block_size"], sweep["horizon_factor"], record_tokens=True)
+                                      memory["block_size"], sweep["horizon_factor"], record_tokens=True,
+                                      chunk_budget=policies.chunk_budget(sweep))
                     rows.append({"policy": policy, "max_num_seqs": cap, "chunk_size": chunk, "rate": rate,
                                  "seed": seed, "kv_blocks": blocks, **summarize(result, capstone_slo(slo))})
     return pd.DataFrame(rows)
@@ -93,7 +95,7 @@ def capacity_cell(step_model, machine, policy, cap, workload, slo, sweep, memory
     }
     return {name: capacity_in_band(draws, seeds, step_model, policy, cap, sweep["chunk_size"], criterion,
                                    capacity["rate_min"], capacity["rate_max"], capacity["tolerance"], blocks,
-                                   memory["block_size"], sweep["horizon_factor"])
+                                   memory["block_size"], sweep["horizon_factor"], policies.chunk_budget(sweep))
             for name, criterion in criteria.items()}
 
 
@@ -122,7 +124,8 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
         def run(rate):
             return [summarize(simulate_fleet(t.with_rate(rate), model, policy, cap, sweep["chunk_size"],
                                              blocks, memory["block_size"], sweep["horizon_factor"],
-                                             replicas, router), target_slo) for t in draws]
+                                             replicas, router, chunk_budget=policies.chunk_budget(sweep)),
+                                     target_slo) for t in draws]
         return run
 
     fleets = {}

@@ -37,6 +37,7 @@ from servingplan.profiling.measure import (GridPoint, build_grid, decode_lengths
 from servingplan.serving.engine import Engine
 from servingplan.serving.replay import compare, predict_steps, replay, request_pairs
 from servingplan.sim import simulate
+from servingplan.sim.policies import chunk_budget
 from servingplan.workload import Trace, generate
 
 # batch sizes x longest context of the path check; its decode steps per engine run; rounds
@@ -161,7 +162,7 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
     draws = [generate(workload, seed + i) for i in range(3)]
     found = capacity(draws, [seed + i for i in range(3)], cost, policy, cap, chunk,
                      Criterion(SLO(), attainment_goal=0.0), 0.01, 64.0, 0.02, blocks, memory["block_size"],
-                     sweep["horizon_factor"])
+                     sweep["horizon_factor"], chunk_budget(sweep))
     stable_rps = found["capacity_rps"]
 
     probe = SpeedProbe(model, profile_meta, seed)
@@ -180,7 +181,8 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
         print(f"validate: trace {number} of {len(validation['rates_fraction'])}: {len(trace)} requests at "
               f"{rate:.3g} req/s ({fraction:g} x capacity), served in real time", file=terminal(), flush=True)
         measured, step_frame = replay(trace, model, policy, cap, chunk, blocks, memory["block_size"],
-                                      max_wall_s=remaining, seed=seed, threads=threads)
+                                      max_wall_s=remaining, seed=seed, threads=threads,
+                                      chunk_budget=chunk_budget(sweep))
         after = probe.measure(f"after trace {number}")
         speed = around(before, after)
         before = after
@@ -189,7 +191,7 @@ def run_validation(model, cost, machine: dict, profile_meta: dict, workload: dic
         corrected_cost = cost.slowed(speed["decode"], speed["prefill"])
         for name, model_cost in (("as_fitted", cost), ("drift_corrected", corrected_cost)):
             simulated = simulate(trace, model_cost, policy, cap, chunk, blocks, memory["block_size"],
-                                 sweep["horizon_factor"])
+                                 sweep["horizon_factor"], chunk_budget=chunk_budget(sweep))
             tables.append(compare(measured, simulated).assign(**label, cost_model=name))
             if name == "as_fitted":
                 pairs.append(request_pairs(measured, simulated).assign(**label))

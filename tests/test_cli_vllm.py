@@ -108,3 +108,37 @@ def test_best_goodput_line_names_stable_caps_only(capsys):
     assert best == [best[0]] and "cap 64 " in best[0] and "stable in every seed" in best[0]
     assert main(["--num-requests", "150", "--rate", "20", "--seeds", "2", "--sweep-batch", "1"]) == 0
     assert "Highest goodput: none, no configuration kept up in every seed" in capsys.readouterr().out
+
+
+def test_max_num_batched_tokens_counts_the_decodes_and_says_so(tmp_path, capsys):
+    argv = ["--num-prompts", "120", "--request-rate", "20", "--sweep-batch", "8,32", "--seeds", "2"]
+    default = run_json(capsys, *argv)
+    assert run_json(capsys, *argv, "--chunk-size", "512") == default
+    budgeted = run_json(capsys, *argv, "--max-num-batched-tokens", "512")
+    assert [r["ttft_ms_p99"] for r in budgeted] != [r["ttft_ms_p99"] for r in default]
+    assert main([*argv, "--max-num-batched-tokens", "512", "--save-result", "--result-dir", str(tmp_path)]) == 0
+    assert "512 tokens per step, one per decoding sequence included" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "serving_sim.json").read_text())
+    assert saved["chunk_budget"] == {"tokens": 512, "counts": "step_tokens"}
+    assert main(argv) == 0
+    assert "512 prompt tokens per step, the decodes riding along" in capsys.readouterr().out
+
+
+def test_the_smallest_step_budget_serves_every_request(capsys):
+    [row] = run_json(capsys, "--num-prompts", "60", "--request-rate", "2", "--max-num-seqs", "16", "--seeds", "1",
+                     "--max-num-batched-tokens", "16")
+    assert row["completed"] == 60
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--max-num-batched-tokens", "0"], ["--max-num-batched-tokens", "'0'", ">= 1"]),
+    (["--max-num-batched-tokens", "1.5"], ["--max-num-batched-tokens", "'1.5'", "integer"]),
+    (["--max-num-batched-tokens", "31", "--sweep-batch", "8,32"], ["--max-num-batched-tokens 31", "(32)"]),
+    (["--max-num-batched-tokens", "100"], ["--max-num-batched-tokens 100", "largest cap (256)"]),
+    (["--max-num-batched-tokens", "512", "--chunk-size", "256"], ["--chunk-size 256", "give one"]),
+    (["--max-num-batched-tokens", "512", "--policies", "continuous"], ["continuous_chunked", "none was chosen"]),
+])
+def test_bad_step_budgets_give_one_line(capsys, argv, names):
+    err = refused(capsys, *argv)
+    for name in names:
+        assert name in err

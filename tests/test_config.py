@@ -55,3 +55,24 @@ def test_cli_check_exits_2_with_one_line(tmp_path):
                           cwd=ROOT)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "config error: sweep.seeds = -1: must be >= 1"
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda c: c["sweep"].__setitem__("chunk_budget", "all_tokens"),
+     "config error: sweep.chunk_budget = 'all_tokens': allowed: prompt_tokens, step_tokens"),
+    (lambda c: c["sweep"].update(chunk_budget="step_tokens", chunk_sizes=[16, 512]),
+     "config error: sweep.chunk_sizes = [16, 512]: with sweep.chunk_budget step_tokens every chunk must be >= the "
+     "largest cap (sweep.caps: 32)"),
+    (lambda c: c["sweep"].update(chunk_budget="step_tokens", caps=[1, 2], chunk_size=3, chunk_sizes=[64]),
+     "config error: sweep.chunk_size = 3: with sweep.chunk_budget step_tokens every chunk must be >= the largest "
+     "cap (validation.cap: 8)"),
+])
+def test_a_step_token_budget_must_leave_room_beside_the_decodes(change, expected):
+    with pytest.raises(ConfigError) as err:
+        check(mutated(change))
+    assert str(err.value).startswith(expected)
+
+
+def test_chunk_budget_is_optional_and_step_tokens_with_room_is_valid():
+    check(mutated(lambda c: c["sweep"].pop("chunk_budget")))
+    check(mutated(lambda c: c["sweep"].update(chunk_budget="step_tokens", chunk_sizes=[32, 512])))

@@ -179,3 +179,13 @@ def test_slot_moves_keep_a_chunk_written_in_the_same_step(model):
     run = serve(model, trace, "continuous_chunked", max_num_seqs=3, chunk_size=16)
     assert run.steps["kv_moved_tokens"].sum() > 0
     assert_matches_reference(model, run, range(3))
+
+
+def test_a_step_token_budget_in_the_real_engine_keeps_every_step_within_it(model, trace):
+    # four slots and an 8-token budget: a step of d decodes carries at most 8 - d prompt tokens
+    run = Engine(model, "continuous_chunked", 4, 8, None, 16, THREADS, chunk_budget="step_tokens").run(
+        trace, WALL_S, seed=0)
+    assert run.errors == {} and run.result.finished.all()
+    assert (run.steps["batch"] + run.steps["prefill_tokens"] <= 8).all()
+    assert ((run.steps["batch"] > 0) & (run.steps["prefill_tokens"] == 8 - run.steps["batch"])).any()
+    assert_matches_reference(model, run, range(len(trace)))

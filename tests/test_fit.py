@@ -9,7 +9,7 @@ import pytest
 from servingplan import costmodel
 from servingplan.costmodel import CostModel
 from servingplan.profiling.fit import (
-    DECODE_TERMS, PREFILL_TERMS, SELECTION_MARGIN, fit_profile, holdout_mask, nonnegative_lstsq, run_fit,
+    DECODE_TERMS, PREFILL_TERMS, SELECTION_MARGIN, fit_profile, fit_relative, holdout_mask, run_fit,
 )
 from servingplan.profiling.measure import run_profile
 
@@ -164,13 +164,16 @@ def test_holdout_is_seeded_per_kind_and_leaves_training_points():
         assert first[rows].sum() == min(round(0.25 * len(rows)), len(rows) - 1), kind
 
 
-def test_nonnegative_lstsq_satisfies_the_optimality_conditions():
+def test_fit_relative_satisfies_the_optimality_conditions_of_the_relative_error():
+    # columns spanning 1 to 1e5, as the prefill and decode features do, and terms that want to be negative
     rng = np.random.default_rng(0)
     for _ in range(20):
-        matrix = rng.normal(size=(30, 5))
-        target = rng.normal(size=30)
-        solution = nonnegative_lstsq(matrix, target)
-        gradient = matrix.T @ (target - matrix @ solution)
+        features = rng.uniform(0.0, 1.0, size=(30, 5)) * np.array([1.0, 10.0, 1e3, 1e4, 1e5])
+        measured = rng.uniform(0.5, 2.0, size=30)
+        solution = fit_relative(features, measured)
+        weighted = features / measured[:, None]
+        # the gradient of the squared relative error, per unit of each column's own scale
+        gradient = weighted.T @ (1.0 - weighted @ solution) / np.abs(weighted).max(axis=0)
         assert (solution >= 0).all()
         assert np.abs(gradient[solution > 0]).max(initial=0) < 1e-9
         assert gradient[solution == 0].max(initial=-1) < 1e-9

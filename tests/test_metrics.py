@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import GROWING, fixed_cost, make_trace
 from servingplan import workload
-from servingplan.metrics import (SLO, aggregate_seeds, good_requests, itl_values, per_request, percentile,
+from servingplan.metrics import (SLO, good_requests, itl_values, per_request, percentile,
                                  request_itl_percentile, summarize)
 from servingplan.sim import SimResult, simulate
 
@@ -157,24 +157,6 @@ def test_itl_of_a_fixed_cost_run_is_exact():
 def test_slo_rejects_impossible_bounds(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         SLO(**kwargs)
-
-
-def test_aggregate_seeds_gives_mean_spread_and_range():
-    runs = [{"goodput_rps": 1.0, "stable": True, "ttft_ms_p95": 10.0, "policy": "static"},
-            {"goodput_rps": 2.0, "stable": False, "ttft_ms_p95": None, "policy": "static"},
-            {"goodput_rps": 4.0, "stable": True, "ttft_ms_p95": 30.0, "policy": "static"}]
-    agg = aggregate_seeds(runs)
-    assert agg["seeds"] == 3
-    assert agg["goodput_rps_mean"] == pytest.approx(7 / 3)
-    assert agg["goodput_rps_std"] == pytest.approx(np.std([1.0, 2.0, 4.0], ddof=1))
-    assert (agg["goodput_rps_min"], agg["goodput_rps_max"]) == (1.0, 4.0)
-    assert agg["stable_mean"] == pytest.approx(2 / 3)
-    # an infinite percentile in one seed: no mean or max, but the best seed is still known
-    assert agg["ttft_ms_p95_mean"] is None and agg["ttft_ms_p95_max"] is None
-    assert agg["ttft_ms_p95_min"] == 10.0
-    assert "policy_mean" not in agg
-    with pytest.raises(ValueError):
-        aggregate_seeds([])
 
 
 def test_summary_of_a_real_run_is_json_friendly_and_consistent():

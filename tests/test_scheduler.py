@@ -84,6 +84,25 @@ def test_chunk_budget_is_shared_in_admission_order():
     assert list(sched.waiting) == [seqs[2]]
 
 
+def test_a_step_token_budget_counts_each_decode_against_the_chunk():
+    def schedule_long_prompt(**budget):
+        sched = Scheduler("continuous_chunked", 4, chunk_size=100, **budget)
+        a, b, long = Seq(0, 10, 10), Seq(1, 10, 10), Seq(2, 250, 3)
+        sched.add(a)
+        sched.add(b)
+        step, _, _ = run_step(sched)
+        assert step.prefills == [(a, 10), (b, 10)] and not step.decodes
+        sched.add(long)
+        steps = [run_step(sched)[0] for _ in range(4)]
+        assert all(s.decodes[:2] == [a, b] for s in steps)
+        return [[n for _, n in s.prefills] for s in steps]
+
+    # the source's chunk: 100 prompt tokens beside the two decodes; vLLM's budget: 100 - 2 of them
+    assert schedule_long_prompt() == [[100], [100], [50], []]
+    assert schedule_long_prompt(chunk_budget="prompt_tokens") == [[100], [100], [50], []]
+    assert schedule_long_prompt(chunk_budget="step_tokens") == [[98], [98], [54], []]
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_cap_bounds_the_running_set(policy):
     sched = Scheduler(policy, 3)
@@ -137,12 +156,16 @@ def test_a_request_that_can_never_fit_is_refused():
     assert sched.rejected and sched.idle
 
 
-@pytest.mark.parametrize("kwargs, match", [({"policy": "fifo"}, "policy"), ({"max_num_seqs": 0}, "max_num_seqs"),
-                                           ({"chunk_size": 0}, "chunk_size")])
+@pytest.mark.parametrize("kwargs, match", [
+    ({"policy": "fifo"}, "policy"), ({"max_num_seqs": 0}, "max_num_seqs"), ({"chunk_size": 0}, "chunk_size"),
+    ({"chunk_budget": "all"}, "chunk_budget"),
+    # 4 decodes would fill a 3-token step and leave a prefilling sequence no token
+    ({"policy": "continuous_chunked", "max_num_seqs": 4, "chunk_size": 3, "chunk_budget": "step_tokens"},
+     "chunk_size=3: .* >= max_num_seqs")])
 def test_bad_settings_are_refused(kwargs, match):
-    args = {"policy": "continuous", "max_num_seqs": 4, "chunk_size": 512, **kwargs}
+    args = {"policy": "continuous", "max_num_seqs": 4, "chunk_size": 512, "chunk_budget": "prompt_tokens", **kwargs}
     with pytest.raises(ValueError, match=match):
-        Scheduler(args["policy"], args["max_num_seqs"], args["chunk_size"])
+        Scheduler(args["policy"], args["max_num_seqs"], args["chunk_size"], chunk_budget=args["chunk_budget"])
 
 
 @given(policy=st.sampled_from(POLICIES), cap=st.integers(1, 5), kv_blocks=st.sampled_from([None, 12, 25]),
@@ -186,3 +209,33 @@ def test_a_request_that_exactly_fills_the_cache_is_served():
         run_step(sched)
         assert sched.kv.used <= 1
     assert seq.generated == 9 and seq.preemptions == 0
+
+
+@given(cap=st.integers(1, 6), spare=st.sampled_from([0, 0, 1, 7, 200]), kv_blocks=st.sampled_from([None, 12, 25]),
+       jobs=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=15))
+def test_a_step_token_budget_holds_in_every_step_and_never_stalls(cap, spare, kv_blocks, jobs):
+    """Down to the smallest budget allowed (the cap), every step carries work within the budget and
+    every request finishes."""
+    budget = cap + spare
+    sched = Scheduler("continuous_chunked", cap, budget, BlockManager(kv_blocks, block_size=8), "step_tokens")
+    pending = [Seq(i, p, o) for i, (p, o, _) in enumerate(jobs)]
+    delays = [d for _, _, d in jobs]
+    finished_ids, accepted = [], set()
+    for _ in range(10_000):
+        while pending and delays[0] == 0:
+            seq = pending.pop(0)
+            delays.pop(0)
+            if sched.add(seq):
+                accepted.add(seq.id)
+        if delays:
+            delays[0] -= 1
+        if sched.idle and not pending:
+            break
+        busy = not sched.idle
+        step = sched.schedule()
+        assert len(step.decodes) + sum(n for _, n in step.prefills) <= budget
+        assert not (busy and step.empty)
+        _, finished = sched.complete(step)
+        finished_ids += [s.id for s in finished]
+    assert sched.idle and not pending
+    assert sorted(finished_ids) == sorted(accepted)

@@ -149,6 +149,29 @@ def test_chunked_prefill_rides_along_with_decodes():
     assert r.first_token_s[1] == r.token_times(0)[3]
 
 
+def test_a_step_token_budget_gives_a_decoding_sequence_one_token_of_the_chunk():
+    cost = fixed_cost(decode_s=1.0, prefill_s=0.0, prefill_per_token_s=1 / 512)
+    trace = make_trace([0.0, 1.5], [512, 1000], [8, 2])
+    r = simulate(trace, cost, "continuous_chunked", 4, chunk_size=512, record_tokens=True, record_steps=True,
+                 chunk_budget="step_tokens")
+    # the 1000-token prompt goes 511 + 489 beside request 0's decode (512 + 488 counting prompts only)
+    assert list(r.step_table["prefill_tokens"][2:4]) == [511, 489]
+    assert list(r.token_times(0)[:4]) == [1.0, 2.0, 2.0 + 1.0 + 511 / 512, 2.0 + 2.0 + 1000 / 512]
+    assert r.first_token_s[1] == r.token_times(0)[3]
+
+
+def test_the_default_chunk_budget_counts_prompt_tokens_only():
+    trace = workload.generate({**workload.PRESETS["exercise2"], "num_requests": 200}, 3)
+    default = simulate(trace, GROWING, "continuous_chunked", 8, chunk_size=64, record_tokens=True)
+    prompts = simulate(trace, GROWING, "continuous_chunked", 8, chunk_size=64, record_tokens=True,
+                       chunk_budget="prompt_tokens")
+    steps = simulate(trace, GROWING, "continuous_chunked", 8, chunk_size=64, record_tokens=True,
+                     chunk_budget="step_tokens")
+    assert np.array_equal(default.completion_s, prompts.completion_s)
+    assert np.array_equal(default.first_token_s, prompts.first_token_s)
+    assert not np.array_equal(default.first_token_s, steps.first_token_s)
+
+
 def test_cap_is_respected_under_load(growing_cost):
     trace = workload.generate({**workload.CAPSTONE, "num_requests": 300, "rate": 50.0}, seed=3)
     for policy in POLICIES:

@@ -7,7 +7,7 @@
 `points`, `samples` and `meta` are what servingplan.profiling.measure writes (every grid point measured
 in several rounds, each call normalised to the run's typical speed); `fit_cfg` is config.yaml's `fit`.
 
-Forms, each fitted by non-negative least squares on relative error (rows weighted by 1/median):
+Forms, each fitted by non-negative least squares (scipy.optimize.nnls) on relative error (rows weighted by 1/median):
     prefill  t(L, P) = p0 + p1 L + p2 L^2 + p3 L P     on kinds prefill and prefill_cached
     decode   t(B, T) = f(B) + c B T                    on kind decode, T the longest context
 f(B) is the line a + b B, or for the batches where it earns its place a per-batch value. The engine
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import nnls
 
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_csv, write_json
@@ -85,44 +86,13 @@ def decode_features(points: pd.DataFrame) -> np.ndarray:
     return np.column_stack([np.ones_like(batch), batch, batch * context])
 
 
-def nonnegative_lstsq(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """argmin ||matrix x - target|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
-    n_terms = matrix.shape[1]
-    coefficients = np.zeros(n_terms)
-    free = np.zeros(n_terms, dtype=bool)
-    tolerance = 1e-12 * np.abs(matrix).max() * max(np.abs(target).max(), 1.0) * matrix.shape[0]
-    gradient = matrix.T @ (target - matrix @ coefficients)
-    # Each pass frees one more term; the bound only guards against rounding cycling a term in and out.
-    for _ in range(3 * n_terms):
-        if free.all() or gradient[~free].max() <= tolerance:
-            break
-        free[np.argmax(np.where(free, -np.inf, gradient))] = True
-        while free.any():
-            trial = np.zeros(n_terms)
-            trial[free] = np.linalg.lstsq(matrix[:, free], target, rcond=None)[0]
-            if trial[free].min() > 0:
-                coefficients = trial
-                break
-            # Step toward the unconstrained solution until the first coefficient reaches zero; bind it.
-            blocking = free & (trial <= 0)
-            ratios = np.full(n_terms, np.inf)
-            ratios[blocking] = coefficients[blocking] / (coefficients[blocking] - trial[blocking])
-            first = np.argmin(ratios)
-            coefficients = coefficients + ratios[first] * (trial - coefficients)
-            coefficients[first] = 0.0
-            free &= coefficients > 0
-            coefficients[~free] = 0.0
-        gradient = matrix.T @ (target - matrix @ coefficients)
-    return coefficients
-
-
 def fit_relative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
     """Non-negative coefficients minimising the squared relative error of the predictions."""
     weighted = features / measured[:, None]
     # Columns span 1 to L^2 ~ 1e5: scale them to one so the solver's tolerance means the same for each.
     scale = np.abs(weighted).max(axis=0)
     scale[scale == 0] = 1.0
-    return nonnegative_lstsq(weighted / scale, np.ones_like(measured)) / scale
+    return nnls(weighted / scale, np.ones_like(measured))[0] / scale
 
 
 def holdout_mask(points: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:

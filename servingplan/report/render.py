@@ -391,7 +391,8 @@ def chunk_section(run: RunResults, config: dict, traces) -> dict | None:
         compare = {"cap": both[-1], "small": at[chunks[0]], "large": at[chunks[-1]]}
     longest = max(int(t.prompt_tokens.max()) for t in traces)
     return {"rows": rows, "chunks": chunks, "compare": compare, "longest_prompt": longest,
-            "splitting": [c for c in chunks if c < longest]}
+            "splitting": [c for c in chunks if c < longest],
+            "budget": policies.CHUNK_BUDGETS[policies.chunk_budget(config["sweep"])]}
 
 
 def _capacity(capacity: pd.DataFrame, name: str, key) -> dict:

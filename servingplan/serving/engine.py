@@ -26,6 +26,7 @@ import torch
 
 from servingplan.profiling.machine import configure_threads
 from servingplan.serving.kvpool import KVPool, configure_allocator, decode_call, decode_step, prefill_call, prefill_step
+from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 from servingplan.sim.simulator import SimResult, queue_growth
 from servingplan.workload import Trace
@@ -68,11 +69,13 @@ class Engine:
     """Serves a trace on `model` under one scheduling policy, in real time on this machine."""
 
     def __init__(self, model, policy: str, max_num_seqs: int, chunk_size: int = 512,
-                 kv_blocks: int | None = None, block_size: int = 16, threads: int | None = None):
+                 kv_blocks: int | None = None, block_size: int = 16, threads: int | None = None,
+                 chunk_budget: str = DEFAULT_CHUNK_BUDGET):
         self.model = model
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.chunk_size = chunk_size
+        self.chunk_budget = chunk_budget
         self.kv_blocks = kv_blocks
         self.block_size = block_size
         self.threads = configure_threads(threads)
@@ -106,7 +109,7 @@ class _Run:
         # a refused request arrives (and is turned away) at once: a NaN time would never come due
         self.arrivals_due = np.where([self.problems[i] is None for i in range(n)], self.arrivals, 0.0)
         self.scheduler = Scheduler(engine.policy, engine.max_num_seqs, engine.chunk_size,
-                                   BlockManager(engine.kv_blocks, engine.block_size))
+                                   BlockManager(engine.kv_blocks, engine.block_size), engine.chunk_budget)
         rng = np.random.default_rng(seed)
         # per request: its prompt ids, then room for the generated ids, written as they come; nothing
         # for a refused request, whose sizes may be anything

@@ -21,6 +21,7 @@ import pandas as pd
 from servingplan.costmodel import CostModel
 from servingplan.metrics import per_request, percentile
 from servingplan.serving.engine import DEFAULT_MAX_WALL_S, Engine
+from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.simulator import SimResult
 from servingplan.workload import Trace
 
@@ -32,11 +33,12 @@ BOOTSTRAP_SEED = 0
 
 def replay(trace: Trace, model, policy: str, max_num_seqs: int, chunk_size: int = 512,
            kv_blocks: int | None = None, block_size: int = 16, max_wall_s: float = DEFAULT_MAX_WALL_S,
-           seed: int = 0, threads: int | None = None) -> tuple[SimResult, pd.DataFrame]:
+           seed: int = 0, threads: int | None = None,
+           chunk_budget: str = DEFAULT_CHUNK_BUDGET) -> tuple[SimResult, pd.DataFrame]:
     """Serve `trace` in real time on `model` (a loaded GPT-2, see profiling.model.load_model).
     The SimResult's meta holds "errors" ({request id: reason}) and "unfinished" (ids cut off by
     max_wall_s); the steps frame has servingplan.serving.engine.STEP_COLUMNS."""
-    run = Engine(model, policy, max_num_seqs, chunk_size, kv_blocks, block_size, threads).run(
+    run = Engine(model, policy, max_num_seqs, chunk_size, kv_blocks, block_size, threads, chunk_budget).run(
         trace, max_wall_s, seed)
     return run.result, run.steps
 

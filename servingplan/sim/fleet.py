@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 
 from servingplan.costmodel import CostModel
+from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.simulator import Replica, SimResult, Timeline, run_replicas
 from servingplan.workload import Trace
 
@@ -23,12 +24,12 @@ ROUTERS = {"round_robin": round_robin, "join_shortest_queue": join_shortest_queu
 
 def simulate_fleet(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
                    kv_blocks: int | None, block_size: int, horizon_factor: float, replicas: int,
-                   router: str, record_tokens: bool = False) -> SimResult:
+                   router: str, record_tokens: bool = False, chunk_budget: str = DEFAULT_CHUNK_BUDGET) -> SimResult:
     if router not in ROUTERS:
         raise ValueError(f"router={router!r}: allowed {', '.join(ROUTERS)}")
     if replicas < 1:
         raise ValueError(f"replicas={replicas}: must be >= 1")
     timeline = Timeline(len(trace), record_tokens)
-    fleet = [Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline)
+    fleet = [Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline, None, chunk_budget)
              for _ in range(replicas)]
     return run_replicas(trace, fleet, ROUTERS[router](), horizon_factor, policy, max_num_seqs, chunk_size)

@@ -25,6 +25,26 @@ REGISTRY = (
 BY_NAME = {p.name: p for p in REGISTRY}
 POLICIES = tuple(BY_NAME)
 
+# What a chunking policy's per-step budget (its chunk size) counts. The first is the default: the
+# source's chunked prefill, whose prompt chunks ride along with the decodes.
+CHUNK_BUDGETS = {
+    "prompt_tokens": "prompt tokens only (the source's chunked prefill: each step's decodes ride along outside "
+                     "the chunk)",
+    "step_tokens": "every token of the step, one per decoding sequence included (vLLM's max_num_batched_tokens, "
+                   "Sarathi-Serve)",
+}
+DEFAULT_CHUNK_BUDGET = "prompt_tokens"
+
+
+def chunk_budget(sweep: dict) -> str:
+    """The config's sweep.chunk_budget (optional: absent means the default)."""
+    return sweep.get("chunk_budget", DEFAULT_CHUNK_BUDGET)
+
+
+def chunks(name: str) -> bool:
+    """Does the policy split prompts into chunks under a per-step token budget?"""
+    return BY_NAME[name].unchunked is not None
+
 
 def label(name: str) -> str:
     return BY_NAME[name].label if name in BY_NAME else name

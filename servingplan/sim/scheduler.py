@@ -15,7 +15,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from servingplan.sim.policies import POLICIES
+from servingplan.sim.policies import CHUNK_BUDGETS, DEFAULT_CHUNK_BUDGET, POLICIES, chunks
 
 
 @dataclass(eq=False)
@@ -116,20 +116,30 @@ class Scheduler:
                         otherwise all running sequences decode.
     continuous_chunked: every step decodes all running sequences first; up to `chunk_size` prompt
                         tokens ride along, split over prefilling sequences in admission order, and new
-                        prompts are admitted while that budget and a slot remain.
+                        prompts are admitted while that budget and a slot remain. With `chunk_budget`
+                        "step_tokens" the decodes count against `chunk_size` too (vLLM's
+                        max_num_batched_tokens): a step with d decodes carries chunk_size - d prompt tokens.
     """
 
     def __init__(self, policy: str, max_num_seqs: int, chunk_size: int = 512,
-                 kv: BlockManager | None = None):
+                 kv: BlockManager | None = None, chunk_budget: str = DEFAULT_CHUNK_BUDGET):
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r}: allowed {', '.join(POLICIES)}")
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}: must be >= 1")
         if chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size}: must be >= 1")
+        if chunk_budget not in CHUNK_BUDGETS:
+            raise ValueError(f"chunk_budget={chunk_budget!r}: allowed {', '.join(CHUNK_BUDGETS)}")
+        # As vLLM requires: the decodes of a full running set then leave at least one token for a
+        # prefilling sequence, so every step makes progress.
+        if chunk_budget == "step_tokens" and chunks(policy) and chunk_size < max_num_seqs:
+            raise ValueError(f"chunk_size={chunk_size}: counting every token of a step, must be >= "
+                             f"max_num_seqs ({max_num_seqs})")
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.chunk_size = chunk_size
+        self.chunk_budget = chunk_budget
         self.kv = kv or BlockManager(None)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
@@ -216,7 +226,7 @@ class Scheduler:
 
     def _schedule_chunked(self, step: Step) -> None:
         step.decodes = self._reserve_decodes(step, list(self.running))
-        budget = self.chunk_size
+        budget = self.chunk_size - (len(step.decodes) if self.chunk_budget == "step_tokens" else 0)
         for seq in [s for s in self.running if s.prefilled < s.prefill_target]:
             if budget <= 0:
                 break

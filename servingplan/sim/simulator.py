@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan.costmodel import CostModel
+from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 from servingplan.sim.steps import StepRecorder
 from servingplan.workload import Trace
@@ -109,10 +110,11 @@ class Replica:
     """One engine: a Scheduler advanced with cost-model time."""
 
     def __init__(self, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
-                 kv_blocks: int | None, block_size: int, timeline: Timeline, recorder: StepRecorder | None = None):
+                 kv_blocks: int | None, block_size: int, timeline: Timeline, recorder: StepRecorder | None = None,
+                 chunk_budget: str = DEFAULT_CHUNK_BUDGET):
         self.cost = cost
         self.recorder = recorder
-        self.sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size))
+        self.sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size), chunk_budget)
         self.timeline = timeline
         self.t = 0.0
         self.steps = self.events = 0
@@ -251,10 +253,12 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
 
 def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
              kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
-             record_tokens: bool = False, record_steps: bool = False) -> SimResult:
-    """Serve `trace` on one replica; with `record_steps`, every engine step is a row of `step_table`."""
+             record_tokens: bool = False, record_steps: bool = False,
+             chunk_budget: str = DEFAULT_CHUNK_BUDGET) -> SimResult:
+    """Serve `trace` on one replica; with `record_steps`, every engine step is a row of `step_table`.
+    `chunk_budget` says what `chunk_size` counts (servingplan.sim.policies.CHUNK_BUDGETS)."""
     timeline = Timeline(len(trace), record_tokens)
     replica = Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline,
-                      StepRecorder() if record_steps else None)
+                      StepRecorder() if record_steps else None, chunk_budget)
     return run_replicas(trace, [replica], lambda replicas, seq: 0, horizon_factor, policy, max_num_seqs,
                         chunk_size)
