@@ -3,7 +3,7 @@ import hashlib
 import json
 import os
 
-from servingplan.config import check_or_exit
+from servingplan.config import PROFILE_SOURCE, check_or_exit, costmodel_source
 from servingplan.profiling.machine import fingerprint
 from servingplan.sim.policies import wildcard as policy_wildcard
 
@@ -13,6 +13,10 @@ check_or_exit(config)
 # node and inherit the submit host's environment, so they keep its fingerprint instead of their own.
 MACHINE = os.environ.setdefault("SERVINGPLAN_MACHINE", fingerprint(config["profile"]["threads"]))
 PROFILE_DIR = f"results/profile/{MACHINE}"
+# `costmodel.source`: "profile" measures this machine (profile, fit, validate); the path of a cost-model
+# JSON, relative to the working directory, replaces those three stages by import_costmodel (fit.smk).
+COSTMODEL_SOURCE = costmodel_source(config)
+PROFILED = COSTMODEL_SOURCE == PROFILE_SOURCE
 SEEDS = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
 CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
 

@@ -231,6 +231,21 @@ def validate(d) -> None:
                          "would take no time; one of them must be > 0")
 
 
+def read_file(path: str | Path) -> CostModel:
+    """The cost model a JSON file holds (config `costmodel.source`); ValueError, one line naming the
+    file and what is wrong with it, for a file that is missing, not JSON or not the contract above."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"{str(path)!r}: cannot be read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{str(path)!r}: not a JSON document ({' '.join(str(exc).split())})") from None
+    try:
+        return CostModel.from_dict(document)
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r}: {exc}") from None
+
+
 def load(spec: str | Path) -> CostModel:
     """A preset name or the path of a cost-model JSON file."""
     if str(spec) in PRESETS:
