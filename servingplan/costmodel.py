@@ -180,6 +180,20 @@ def _section(d: dict, name: str) -> dict:
     return section
 
 
+def _check_speed_band(band) -> None:
+    """meta.speed_band, which the capacity stage reads when present: per kind of call, the factors by
+    which the machine ran faster and slower than typical (servingplan.capacity.speed_band_models)."""
+    if band is None:
+        return
+    ok = isinstance(band, dict) and all(
+        isinstance(band[kind], list) and len(band[kind]) == 2 and all(
+            _is_number(v) and math.isfinite(v) and 0 < v <= MAX_COEFFICIENT_S for v in band[kind])
+        for kind in ("decode", "prefill") if kind in band)
+    if not ok:
+        raise ValueError(f"cost model meta.speed_band = {band!r}: must be an object whose decode and prefill "
+                         "are each [fastest, slowest], time factors > 0")
+
+
 def validate(d) -> None:
     """Raise ValueError, one line naming the field, its value and what is allowed, unless `d` is a
     cost-model document (the JSON contract above) whose every step takes a finite, positive time:
@@ -204,6 +218,7 @@ def validate(d) -> None:
             raise ValueError(f"cost model {key} = {d[key]!r}: must be a string")
     if not isinstance(d.get("meta", {}), dict):
         raise ValueError(f"cost model meta = {d['meta']!r}: must be an object")
+    _check_speed_band(d.get("meta", {}).get("speed_band"))
     table = dec.get("batch_fixed_s", {"batches": [], "fixed_s": []})
     if not isinstance(table, dict) or not all(isinstance(table.get(k), list) for k in ("batches", "fixed_s")):
         raise ValueError(f"cost model decode.batch_fixed_s = {table!r}: must be an object with lists "
