@@ -11,7 +11,8 @@ check_or_exit(config)
 
 # The profile describes the machine snakemake was started on. Cluster jobs re-read this file on their
 # node and inherit the submit host's environment, so they keep its fingerprint instead of their own.
-MACHINE = os.environ.setdefault("SERVINGPLAN_MACHINE", fingerprint(config["profile"]["threads"]))
+MACHINE = os.environ.setdefault("SERVINGPLAN_MACHINE", fingerprint(config["profile"]["threads"],
+                                                                   config["model"].get("device", "cpu")))
 PROFILE_DIR = f"results/profile/{MACHINE}"
 # `costmodel.source`: "profile" measures this machine (profile, fit, validate); the path of a cost-model
 # JSON, relative to the working directory, replaces those three stages by import_costmodel (fit.smk).
