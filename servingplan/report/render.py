@@ -7,8 +7,8 @@
 of paths (fleet: the planner's fleet cells); the three validation files and the fleet cells are
 optional. A run whose cost model was imported (config `costmodel.source` a file) has no profile, fit
 or validation: its `machine` is the sizes derived from the architecture (`measured: false`), and the
-report says where the cost model came from instead. Every number the report shows is read from those files, from the run's config, or computed
-here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
+report says where the cost model came from instead. Every number the report shows is read from those
+files, from the run's config, or computed here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
 source's own workload figures (config `reference`), the reference the calibration is checked against.
 The templates hold the words and the conditionals that choose them, never a number; both lay out
 the one outline of servingplan.report.outline.
@@ -284,14 +284,14 @@ def decode_table(cost: CostModel) -> list[dict]:
 
 def profiling_section(run: RunResults, traces) -> dict:
     prompts = np.concatenate([t.prompt_tokens for t in traces])
-    mean_prompt = {
+    from_cost_model = {
         "mean_prompt_prefill_ms": float(np.mean([run.cost_model.prefill_time(int(p)) for p in prompts])) * 1e3,
         "mean_prompt_tokens": float(prompts.mean()),
         "decode_table": decode_table(run.cost_model),
         "decode_table_largest": max((b for b, _ in run.cost_model.decode_batch_fixed_s), default=None),
     }
     if not run.measured:
-        return {"imported": True, **mean_prompt}
+        return {"imported": True, **from_cost_model}
     report = clean(run.fit_report)
     profile = run.profile
     decode = profile[profile["kind"] == "decode"]
@@ -306,7 +306,7 @@ def profiling_section(run: RunResults, traces) -> dict:
 
     return {
         "imported": False,
-        **mean_prompt,
+        **from_cost_model,
         "n_points": len(profile),
         "parts": report["parts"],
         "heldout_mape": report["heldout_mape"],
