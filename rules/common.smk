@@ -3,7 +3,7 @@ import hashlib
 import json
 import os
 
-from servingplan.config import check_or_exit
+from servingplan.config import PROFILE_SOURCE, check_or_exit, costmodel_source
 from servingplan.profiling.machine import fingerprint
 from servingplan.sim.policies import wildcard as policy_wildcard
 
@@ -11,8 +11,13 @@ check_or_exit(config)
 
 # The profile describes the machine snakemake was started on. Cluster jobs re-read this file on their
 # node and inherit the submit host's environment, so they keep its fingerprint instead of their own.
-MACHINE = os.environ.setdefault("SERVINGPLAN_MACHINE", fingerprint(config["profile"]["threads"]))
+MACHINE = os.environ.setdefault("SERVINGPLAN_MACHINE", fingerprint(config["profile"]["threads"],
+                                                                   config["model"].get("device", "cpu")))
 PROFILE_DIR = f"results/profile/{MACHINE}"
+# `costmodel.source`: "profile" measures this machine (profile, fit, validate); the path of a cost-model
+# JSON, relative to the working directory, replaces those three stages by import_costmodel (fit.smk).
+COSTMODEL_SOURCE = costmodel_source(config)
+PROFILED = COSTMODEL_SOURCE == PROFILE_SOURCE
 # A trace file is one fixed workload: every seed would replay the same requests, so it gets one.
 SEEDS = [config["seed"] * 1000 + i
          for i in range(1 if config["workload"].get("trace") else config["sweep"]["seeds"])]

@@ -1,21 +1,49 @@
-rule fit:
-    input:
-        points=rules.profile.output.points,
-        samples=rules.profile.output.samples,
-        machine=rules.profile.output.machine,
-        code=sources("profiling/fit.py", "costmodel.py"),
-    output:
-        costmodel="results/fit/costmodel.json",
-        report="results/fit/fit_report.json",
-        predicted="results/fit/predicted_vs_measured.csv",
-    params:
-        fit=config["fit"],
-        seed=config["seed"],
-    threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=5,
-    log:
-        "results/logs/fit.log",
-    script:
-        "../scripts/fit.py"
+if PROFILED:
+
+    rule fit:
+        input:
+            points=rules.profile.output.points,
+            samples=rules.profile.output.samples,
+            machine=rules.profile.output.machine,
+            code=sources("profiling/fit.py", "costmodel.py"),
+        output:
+            costmodel="results/fit/costmodel.json",
+            report="results/fit/fit_report.json",
+            predicted="results/fit/predicted_vs_measured.csv",
+        params:
+            fit=config["fit"],
+            seed=config["seed"],
+        threads: 1
+        resources:
+            mem_mb=1000,
+            runtime=5,
+        log:
+            "results/logs/fit.log",
+        script:
+            "../scripts/fit.py"
+
+else:
+
+    rule import_costmodel:
+        input:
+            costmodel=COSTMODEL_SOURCE,
+            code=sources("costmodel.py", "architecture.py"),
+        output:
+            costmodel="results/fit/costmodel.json",
+            sizes="results/fit/model_sizes.json",
+        params:
+            model=config["model"],
+        threads: 1
+        resources:
+            mem_mb=500,
+            runtime=5,
+        log:
+            "results/logs/import_costmodel.log",
+        script:
+            "../scripts/import_costmodel.py"
+
+
+# What the simulation and planning stages read: the step-time model, and the model's weight and KV sizes
+# (the profile's measurement of this machine, or derived from the architecture for an imported model).
+COSTMODEL = "results/fit/costmodel.json"
+MACHINE_JSON = rules.profile.output.machine if PROFILED else rules.import_costmodel.output.sizes

@@ -4,8 +4,8 @@
 
 rule fleet_cell:
     input:
-        costmodel=rules.fit.output.costmodel,
-        machine=rules.profile.output.machine,
+        costmodel=COSTMODEL,
+        machine=MACHINE_JSON,
         code=SIM_SOURCES + sources("planner.py"),
     output:
         "results/fleet/cells/{policy}_cap{cap}.json",
@@ -27,7 +27,7 @@ rule fleet_cell:
 
 rule memory:
     input:
-        machine=rules.profile.output.machine,
+        machine=MACHINE_JSON,
         latency=rules.collect.output.latency,
         code=sources("memory.py"),
     output:
@@ -53,11 +53,11 @@ rule recommend:
         capacity=rules.collect.output.capacity,
         memory=rules.memory.output.table,
         fleet=expand("results/fleet/cells/{cell}.json", cell=CELLS),
-        costmodel=rules.fit.output.costmodel,
-        machine=rules.profile.output.machine,
+        costmodel=COSTMODEL,
+        machine=MACHINE_JSON,
         # the engine's measured serving memory judges the memory target (validate.smk is included after
-        # this file, so its output is named by path)
-        validation="results/validation/validation.json",
+        # this file, so its output is named by path); an imported cost model has no validation
+        **({"validation": "results/validation/validation.json"} if PROFILED else {}),
         code=sources("money.py", "planner.py", "seeds.py"),
     output:
         "results/plan/recommendation.json",

@@ -1,13 +1,22 @@
 localrules: report
 
 
+# What only a profiled run has: the profile, the fit and the validation on this machine.
+MEASURED_INPUTS = dict(
+    profile=rules.profile.output.points,
+    fit_report=rules.fit.output.report,
+    predicted=rules.fit.output.predicted,
+    validation=rules.validate.output.summary,
+    validation_requests=rules.validate.output.requests,
+    validation_meta=rules.validate.output.meta,
+) if PROFILED else {}
+
+
 rule report:
     input:
-        machine=rules.profile.output.machine,
-        profile=rules.profile.output.points,
-        fit_report=rules.fit.output.report,
-        predicted=rules.fit.output.predicted,
-        costmodel=rules.fit.output.costmodel,
+        **MEASURED_INPUTS,
+        machine=MACHINE_JSON,
+        costmodel=COSTMODEL,
         latency=rules.collect.output.latency,
         chunks=rules.collect.output.chunks,
         capacity=rules.collect.output.capacity,
@@ -19,9 +28,6 @@ rule report:
         ex2_caps=rules.exercise2.output.cap_sweep,
         ex2_chunks=rules.exercise2.output.chunk_sweep,
         ex2_curve=rules.exercise2.output.curve,
-        validation=rules.validate.output.summary,
-        validation_requests=rules.validate.output.requests,
-        validation_meta=rules.validate.output.meta,
         templates=glob.glob("reports/templates/*.j2"),
         code=sources("report/*.py"),
     output:

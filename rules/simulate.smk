@@ -11,8 +11,8 @@ SIM_PARAMS = dict(
 
 rule sweep_cell:
     input:
-        costmodel=rules.fit.output.costmodel,
-        machine=rules.profile.output.machine,
+        costmodel=COSTMODEL,
+        machine=MACHINE_JSON,
         code=SIM_SOURCES,
     output:
         "results/sweep/cells/{policy}_cap{cap}.csv",
@@ -32,8 +32,8 @@ rule sweep_cell:
 
 rule chunk_cell:
     input:
-        costmodel=rules.fit.output.costmodel,
-        machine=rules.profile.output.machine,
+        costmodel=COSTMODEL,
+        machine=MACHINE_JSON,
         code=SIM_SOURCES + sources("planner.py"),
     output:
         "results/sweep/chunks/cap{cap}.csv",
@@ -53,8 +53,8 @@ rule chunk_cell:
 
 rule capacity_cell:
     input:
-        costmodel=rules.fit.output.costmodel,
-        machine=rules.profile.output.machine,
+        costmodel=COSTMODEL,
+        machine=MACHINE_JSON,
         code=SIM_SOURCES,
     output:
         "results/capacity/cells/{policy}_cap{cap}.json",

@@ -1,5 +1,6 @@
 # Replays Poisson traces through the real engine on this machine and compares with the simulator.
 # Like profiling it measures the machine, so it takes every core and stays local.
+# With an imported cost model (costmodel.source a file) nothing asks for it: that model is not this machine.
 localrules: validate
 
 
@@ -8,7 +9,7 @@ rule validate:
     # as they can, before the simulation jobs heat the machine for minutes
     priority: 50
     input:
-        costmodel=rules.fit.output.costmodel,
+        costmodel=COSTMODEL,
         machine=rules.profile.output.machine,
         code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py"),
     output:

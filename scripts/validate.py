@@ -11,7 +11,8 @@ def main(sm):
     # before the model is loaded, as in the profiler: set later, the same reference calls ran ~5% slower
     configure_allocator()
     tiny = p.model.get("tiny", False)
-    model, _ = load_model("random" if tiny else p.model["source"], p.seed, QUICK_CONFIG_OVERRIDES if tiny else None)
+    model, _ = load_model("random" if tiny else p.model["source"], p.seed, QUICK_CONFIG_OVERRIDES if tiny else None,
+                          p.model.get("device", "cpu"))
     machine = read_json(sm.input.machine)
     out = run_validation(model, load(sm.input.costmodel), machine, machine, p.workload, p.validation, p.sweep,
                          p.memory, p.seed, threads=p.profile["threads"] or None)

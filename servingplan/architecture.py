@@ -52,3 +52,22 @@ def weight_bytes(arch: dict) -> int:
 
 def kv_bytes_per_token(arch: dict) -> int:
     return memory.kv_bytes_per_token(arch["n_layer"], arch["n_embd"], FLOAT32_BYTES)
+
+
+def unmeasured_sizes(model_cfg: dict) -> dict:
+    """For a run whose cost model was imported instead of profiled here: the `model` and `memory`
+    entries the planner reads from a profile's machine.json, derived from the architecture alone, and
+    `measured: false`, since no machine was measured (no process memory, no speed, no roofline)."""
+    arch = architecture(model_cfg)
+    tiny = model_cfg.get("tiny", False)
+    source = "random" if tiny else model_cfg["source"]
+    kv_per_token = kv_bytes_per_token(arch)
+    return {
+        "measured": False,
+        "model": {"source": source, "random_weights": source == "random",
+                  "config_overrides": dict(QUICK_CONFIG_OVERRIDES) if tiny else {}, "dtype": "float32",
+                  "param_count": weight_count(arch), "param_bytes": weight_bytes(arch),
+                  **{key: arch[key] for key in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")}},
+        "memory": {"param_bytes": weight_bytes(arch), "kv_bytes_per_token": kv_per_token,
+                   "kv_bytes_per_token_expected": kv_per_token, "rss_after_load_bytes": None, "peak_rss_bytes": None},
+    }

@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
 
 
+PROFILE_SOURCE = "profile"
+
+
 class ConfigError(ValueError):
     pass
 
@@ -185,6 +188,37 @@ def check(config: dict) -> None:
     _check_sizes(config)
     _check_step_budget(config)
     _check_trace(config["workload"].get("trace"), config["memory"]["max_context"])
+    _check_costmodel(config.get("costmodel"))
+    _check_device(config["model"].get("device", "cpu"))
+
+
+def costmodel_source(config: dict) -> str:
+    """"profile", or the path of the cost-model JSON the run imports instead of profiling."""
+    return config.get("costmodel", {}).get("source", PROFILE_SOURCE)
+
+
+def _check_costmodel(section: dict | None) -> None:
+    if section is None or section["source"] == PROFILE_SOURCE:
+        return
+    source = section["source"]
+    if not Path(source).is_file():
+        raise ConfigError(f"config error: costmodel.source = {source!r}: no such file (from {Path.cwd()}); must be "
+                          f"{PROFILE_SOURCE!r} or the path of a cost-model JSON file, relative to that directory")
+    from servingplan.costmodel import read_file
+    try:
+        read_file(source)
+    except ValueError as exc:
+        raise ConfigError(f"config error: costmodel.source = {exc}")
+
+
+def _check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    # imported here: torch takes seconds to import, and a CPU run need not pay for it at every start
+    import torch
+    if not torch.cuda.is_available():
+        raise ConfigError(f"config error: model.device = {device!r}: torch sees no CUDA GPU on this machine "
+                          "(torch.cuda.is_available() is False); use 'cpu'")
 
 
 def _check_step_budget(config: dict) -> None:

@@ -180,6 +180,20 @@ def _section(d: dict, name: str) -> dict:
     return section
 
 
+def _check_speed_band(band) -> None:
+    """meta.speed_band, which the capacity stage reads when present: per kind of call, the factors by
+    which the machine ran faster and slower than typical (servingplan.capacity.speed_band_models)."""
+    if band is None:
+        return
+    ok = isinstance(band, dict) and all(
+        isinstance(band[kind], list) and len(band[kind]) == 2 and all(
+            _is_number(v) and math.isfinite(v) and 0 < v <= MAX_COEFFICIENT_S for v in band[kind])
+        for kind in ("decode", "prefill") if kind in band)
+    if not ok:
+        raise ValueError(f"cost model meta.speed_band = {band!r}: must be an object whose decode and prefill "
+                         "are each [fastest, slowest], time factors > 0")
+
+
 def validate(d) -> None:
     """Raise ValueError, one line naming the field, its value and what is allowed, unless `d` is a
     cost-model document (the JSON contract above) whose every step takes a finite, positive time:
@@ -204,6 +218,7 @@ def validate(d) -> None:
             raise ValueError(f"cost model {key} = {d[key]!r}: must be a string")
     if not isinstance(d.get("meta", {}), dict):
         raise ValueError(f"cost model meta = {d['meta']!r}: must be an object")
+    _check_speed_band(d.get("meta", {}).get("speed_band"))
     table = dec.get("batch_fixed_s", {"batches": [], "fixed_s": []})
     if not isinstance(table, dict) or not all(isinstance(table.get(k), list) for k in ("batches", "fixed_s")):
         raise ValueError(f"cost model decode.batch_fixed_s = {table!r}: must be an object with lists "
@@ -229,6 +244,21 @@ def validate(d) -> None:
     if sum(pre.get(key, 0.0) for key in ("fixed_s", "per_token_s", "per_token_sq_s")) <= 0:
         raise ValueError("cost model prefill: fixed_s + per_token_s + per_token_sq_s = 0: a prefill call "
                          "would take no time; one of them must be > 0")
+
+
+def read_file(path: str | Path) -> CostModel:
+    """The cost model a JSON file holds (config `costmodel.source`); ValueError, one line naming the
+    file and what is wrong with it, for a file that is missing, not JSON or not the contract above."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"{str(path)!r}: cannot be read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{str(path)!r}: not a JSON document ({' '.join(str(exc).split())})") from None
+    try:
+        return CostModel.from_dict(document)
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r}: {exc}") from None
 
 
 def load(spec: str | Path) -> CostModel:

@@ -28,6 +28,7 @@ import psutil
 import torch
 
 from servingplan.capacity import Criterion, capacity
+from servingplan.device import model_device
 from servingplan.metrics import SLO
 from servingplan.pipeline import terminal
 from servingplan.planner import kv_blocks
@@ -74,7 +75,9 @@ class SpeedProbe:
         # slots for the reference batch only, but the profile's slot length, so every slot's view has the
         # profile's strides without holding the profile's whole pool (gigabytes) beside the engine
         longest = max(p.cached + p.prompt_len for p in build_grid(settings) + list(points.values()))
-        pool = pool_for(model.config, list(points.values()) + [GridPoint("prefill", 1, longest, 0)], generator)
+        self.device = model_device(model)
+        pool = pool_for(model.config, list(points.values()) + [GridPoint("prefill", 1, longest, 0)], generator,
+                        self.device)
         self.pool_bytes = int(pool.keys.nbytes + pool.values.nbytes)
         self.calls = {kind: point_call(model, pool, point, generator) for kind, point in points.items()}
         self.started = time.perf_counter()
@@ -89,7 +92,7 @@ class SpeedProbe:
                 ratios[row["kind"]] = row["seconds"] / self.baseline[row["kind"]]
                 self.rows.append({"label": label, **row, "profiled_s": self.baseline[row["kind"]],
                                   "ratio": ratios[row["kind"]]})
-        now = roofline_probes(self.roofline["probe_bytes"], self.roofline["gemm_size"])
+        now = roofline_probes(self.roofline["probe_bytes"], self.roofline["gemm_size"], self.device)
         self.probes.append({"label": label, "bandwidth_gbs": now["bandwidth_gbs"], "gemm_gflops": now["gemm_gflops"],
                             "bandwidth_over_profile": now["bandwidth_gbs"] / self.roofline["bandwidth_gbs"],
                             "gemm_over_profile": now["gemm_gflops"] / self.roofline["gemm_gflops"]})
@@ -116,7 +119,7 @@ def path_check(model, profile_meta: dict, seed: int, shapes=PATH_CHECK_SHAPES, s
         trace = Trace(np.zeros(batch), prompts.astype(np.int64), np.full(batch, steps + 1, dtype=np.int64))
         engine = Engine(model, "continuous", batch, threads=threads)
         middle = GridPoint("decode", batch, 1, context + steps // 2)
-        pool = pool_for(model.config, [middle], generator)
+        pool = pool_for(model.config, [middle], generator, model_device(model))
         call = point_call(model, pool, middle, generator)
         engine_times, profile_times = [], []
         for _ in range(rounds):

@@ -1,4 +1,5 @@
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,40 @@ def test_a_step_token_budget_must_leave_room_beside_the_decodes(change, expected
 def test_chunk_budget_is_optional_and_step_tokens_with_room_is_valid():
     check(mutated(lambda c: c["sweep"].pop("chunk_budget")))
     check(mutated(lambda c: c["sweep"].update(chunk_budget="step_tokens", chunk_sizes=[32, 512])))
+
+
+def test_a_cost_model_file_is_checked_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the path is read from the directory snakemake runs in
+    good = {"schema_version": 1, "name": "elsewhere", "decode": {"fixed_s": 0.01, "per_seq_s": 0.0,
+            "per_ctx_token_s": 0.0}, "prefill": {"fixed_s": 0.0, "per_token_s": 1e-5}}
+    Path("model.json").write_text(json.dumps(good))
+    check(mutated(lambda c: c.__setitem__("costmodel", {"source": "model.json"})))
+
+    for text, expected in [
+        (None, "config error: costmodel.source = 'missing.json': no such file (from "),
+        ("{not json", "config error: costmodel.source = 'bad.json': not a JSON document (Expecting property name"),
+        (json.dumps({**good, "prefill": {"fixed_s": 0.0, "per_token_s": -1}}),
+         "config error: costmodel.source = 'bad.json': cost model prefill.per_token_s = -1: must be a finite number"),
+    ]:
+        name = "missing.json" if text is None else "bad.json"
+        if text is not None:
+            Path(name).write_text(text)
+        with pytest.raises(ConfigError) as err:
+            check(mutated(lambda c: c.__setitem__("costmodel", {"source": name})))
+        assert str(err.value).startswith(expected)
+        assert "\n" not in str(err.value)
+
+
+def test_cpu_is_the_default_device_and_cuda_is_refused_without_a_gpu():
+    check(mutated(lambda c: c["model"].pop("device")))
+    check(mutated(lambda c: c["model"].__setitem__("device", "cpu")))
+    with pytest.raises(ConfigError) as err:
+        check(mutated(lambda c: c["model"].__setitem__("device", "tpu")))
+    assert str(err.value) == "config error: model.device = 'tpu': allowed: cpu, cuda"
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: cuda is allowed")
+    with pytest.raises(ConfigError) as err:
+        check(mutated(lambda c: c["model"].__setitem__("device", "cuda")))
+    assert str(err.value) == ("config error: model.device = 'cuda': torch sees no CUDA GPU on this machine "
+                              "(torch.cuda.is_available() is False); use 'cpu'")

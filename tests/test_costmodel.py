@@ -118,3 +118,11 @@ def test_a_cost_model_file_without_the_table_loads_as_the_line():
     assert loaded.decode_batch_fixed_s == ()
     assert loaded.decode_time(7, 700) == EXERCISE2.decode_fixed_s + 7 * EXERCISE2.decode_per_seq_s + 700 * (
         EXERCISE2.decode_per_ctx_token_s)
+
+
+def test_a_speed_band_in_meta_is_checked_where_the_model_enters():
+    document = CostModel(0.01, 0.0, 0.0, 0.0, 1e-5, meta={"speed_band": {"decode": [0.9, 1.2]}}).to_dict()
+    CostModel.from_dict(document)
+    document["meta"]["speed_band"]["prefill"] = [0, "slow"]
+    with pytest.raises(ValueError, match=r"^cost model meta.speed_band = .*: must be an object whose decode"):
+        CostModel.from_dict(document)

@@ -67,6 +67,7 @@ import psutil
 import torch
 from tqdm import tqdm
 
+from servingplan.device import model_device, wait_for
 from servingplan.io import write_csv, write_json
 from servingplan.pipeline import terminal
 from servingplan.profiling import machine
@@ -130,12 +131,14 @@ def decode_lengths(batch: int, context: int) -> torch.Tensor:
     return torch.linspace(context, max(1, context // 2), batch).round().long()
 
 
-def pool_for(config, points: list[GridPoint], generator: torch.Generator) -> KVPool:
-    """One engine KV pool large enough for every point, holding random entries (their values do not
-    change the cost); built once, since filling gigabytes per point would take longer than timing it."""
+def pool_for(config, points: list[GridPoint], generator: torch.Generator,
+             device: torch.device | str = "cpu") -> KVPool:
+    """One engine KV pool on `device` large enough for every point, holding random entries (their
+    values do not change the cost); built once, since filling gigabytes per point would take longer
+    than timing it."""
     slots = max([p.batch for p in points if p.kind == "decode"], default=1)
     capacity = max(p.cached + p.prompt_len for p in points)
-    pool = KVPool(config, slots, capacity)
+    pool = KVPool(config, slots, capacity, device)
     head_dim = config.n_embd // config.n_head
     block = torch.randn(config.n_head, capacity, head_dim, generator=generator)
     for tensor in (pool.keys, pool.values):
@@ -145,13 +148,18 @@ def pool_for(config, points: list[GridPoint], generator: torch.Generator) -> KVP
 
 def point_call(model, pool: KVPool, point: GridPoint, generator: torch.Generator):
     """The timed call of one grid point; every call sees the same shapes (the step functions write
-    each call's new entries at the same positions, so nothing needs resetting)."""
-    input_ids = torch.randint(model.config.vocab_size, (point.batch, point.prompt_len), generator=generator)
+    each call's new entries at the same positions, so nothing needs resetting). Like the step functions
+    it returns once the device has done the work."""
+    input_ids = torch.randint(model.config.vocab_size, (point.batch, point.prompt_len),
+                              generator=generator).to(pool.device)
     if point.kind == "decode":
         lengths = decode_lengths(point.batch, point.cached)
         return lambda: decode_step(model, pool, lengths, input_ids)
     if point.kind == "prefill_batch":
-        return lambda: prefill_call(model, input_ids)
+        def batched_prefill():
+            prefill_call(model, input_ids)
+            wait_for(pool.device)
+        return batched_prefill
     return lambda: prefill_step(model, pool, 0, input_ids, point.cached)
 
 
@@ -227,7 +235,7 @@ def point_work(point: GridPoint, model_meta: dict, kv_bytes_per_token: float) ->
 
 def measured_kv_bytes_per_token(model) -> float:
     """KV bytes one token adds, read off the cache a real prefill builds."""
-    input_ids = torch.zeros(1, KV_PROBE_TOKENS, dtype=torch.long)
+    input_ids = torch.zeros(1, KV_PROBE_TOKENS, dtype=torch.long, device=model_device(model))
     return cache_bytes(prefill_call(model, input_ids).past_key_values) / KV_PROBE_TOKENS
 
 
@@ -298,16 +306,17 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     threads = machine.configure_threads(threads or settings.get("threads"))
     tiny = quick or model_cfg.get("tiny", False)
     source = RANDOM_SOURCE if tiny else model_cfg["source"]
-    model, model_meta = load_model(source, seed, QUICK_CONFIG_OVERRIDES if tiny else None)
+    device = model_cfg.get("device", "cpu")
+    model, model_meta = load_model(source, seed, QUICK_CONFIG_OVERRIDES if tiny else None, device)
     rss_after_load = psutil.Process().memory_info().rss
-    roofline_at_start = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"])
+    roofline_at_start = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"], device)
     kv_bytes_per_token = measured_kv_bytes_per_token(model)
 
     grid = build_grid(settings)
     references = reference_points(settings)
     generator = torch.Generator().manual_seed(seed)
     shuffler = random.Random(seed)
-    pool = pool_for(model.config, grid + list(references.values()), generator)
+    pool = pool_for(model.config, grid + list(references.values()), generator, device)
     calls = [point_call(model, pool, point, generator) for point in grid]
     tracer = SpeedTracer({kind: point_call(model, pool, point, generator) for kind, point in references.items()},
                          settings, started)
@@ -332,7 +341,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                                 for repeat, (t_s, seconds, share) in enumerate(timed)]
                 bar.update()
         tracer.record()
-    roofline_at_end = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"])
+    roofline_at_end = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"], device)
     roofline = {**roofline_at_start,
                 "bandwidth_gbs": (roofline_at_start["bandwidth_gbs"] + roofline_at_end["bandwidth_gbs"]) / 2,
                 "gemm_gflops": (roofline_at_start["gemm_gflops"] + roofline_at_end["gemm_gflops"]) / 2,
@@ -345,7 +354,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                            for point_id, point in enumerate(grid)])
     expected_kv = 2 * model_meta["n_layer"] * model_meta["n_embd"] * FLOAT32_BYTES
     meta = {
-        "machine": machine.describe_machine(threads),
+        "machine": machine.describe_machine(threads, device),
         "roofline": roofline,
         "model": model_meta,
         "memory": {
@@ -355,7 +364,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
             "rss_after_load_bytes": rss_after_load,
             "peak_rss_bytes": peak_rss_bytes(),
         },
-        "settings": {**settings, "quick": quick, "tiny": tiny, "seed": seed, "threads": threads,
+        "settings": {**settings, "quick": quick, "tiny": tiny, "seed": seed, "threads": threads, "device": device,
                      "cached_prefill": [list(p) for p in settings.get("cached_prefill", CACHED_PREFILL_POINTS)],
                      "batched_prefill_len": BATCHED_PREFILL_LEN,
                      "references": {kind: vars(point) for kind, point in references.items()}},

@@ -15,8 +15,8 @@ from servingplan.architecture import QUICK_CONFIG_OVERRIDES  # noqa: F401 - wher
 RANDOM_SOURCE = "random"
 
 
-def load_model(source: str, seed: int, config_overrides: dict | None = None):
-    """Return (model in eval mode, metadata dict).
+def load_model(source: str, seed: int, config_overrides: dict | None = None, device: str = "cpu"):
+    """Return (model in eval mode on `device`, metadata dict).
 
     `source` is "random" (GPT2Config() defaults, i.e. GPT-2 small, changed by `config_overrides`,
     weights drawn after torch.manual_seed(seed)) or a local directory holding a transformers GPT-2
@@ -29,7 +29,8 @@ def load_model(source: str, seed: int, config_overrides: dict | None = None):
         if config_overrides:
             raise ValueError(f"model source {source!r}: config overrides apply to random weights only")
         model = _load_checkpoint(Path(source))
-    model = model.to(torch.float32).eval()
+    # weights are drawn (or read) on the CPU first, so a seed gives the same model on every device
+    model = model.to(torch.float32).to(device).eval()
     return model, model_metadata(model, source, seed, config_overrides)
 
 
@@ -63,6 +64,7 @@ def model_metadata(model: GPT2LMHeadModel, source: str, seed: int, config_overri
         "seed": seed if source == RANDOM_SOURCE else None,
         "config_overrides": dict(config_overrides or {}),
         "dtype": "float32",
+        "device": str(next(model.parameters()).device),
         "param_count": param_count,
         "non_embedding_param_count": param_count - embedding_params,
         "param_bytes": sum(p.numel() * p.element_size() for p in params),

@@ -5,8 +5,10 @@
 
 `inputs` maps the report rule's input names (machine, profile, fit_report, ...) to paths, or to lists
 of paths (fleet: the planner's fleet cells); the three validation files and the fleet cells are
-optional. Every number the report shows is read from those files, from the run's config, or computed
-here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
+optional. A run whose cost model was imported (config `costmodel.source` a file) has no profile, fit
+or validation: its `machine` is the sizes derived from the architecture (`measured: false`), and the
+report says where the cost model came from instead. Every number the report shows is read from those
+files, from the run's config, or computed here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
 source's own workload figures (config `reference`), the reference the calibration is checked against.
 The templates hold the words and the conditionals that choose them, never a number; both lay out
 the one outline of servingplan.report.outline.
@@ -36,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from servingplan import money
-from servingplan.costmodel import CostModel
+from servingplan.config import costmodel_source
+from servingplan.costmodel import DECODE_KEYS, PREFILL_KEYS, CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
 from servingplan.report import figures
@@ -53,8 +56,10 @@ HTML_TEMPLATE = "report.html.j2"
 MD_TEMPLATE = "report.md.j2"
 FIGURE_DIR_NAME = "figures"
 MAX_DECIMALS = 6
-REQUIRED_INPUTS = ("machine", "profile", "fit_report", "predicted", "costmodel", "latency", "capacity", "memory",
-                   "memory_summary", "recommendation", "exercise2", "ex2_caps", "ex2_chunks", "ex2_curve")
+REQUIRED_INPUTS = ("machine", "costmodel", "latency", "capacity", "memory", "memory_summary", "recommendation",
+                   "exercise2", "ex2_caps", "ex2_chunks", "ex2_curve")
+# what a run that profiled this machine has besides; an imported cost model has none of them
+PROFILE_INPUTS = ("profile", "fit_report", "predicted")
 VALIDATION_INPUTS = ("validation", "validation_requests", "validation_meta")
 # Exercise 2's two readings of the source's curve, in the order the report shows them
 EX2_READINGS = ("per_kv_token", "per_sequence")
@@ -71,9 +76,9 @@ class Validation:
 @dataclass(frozen=True)
 class RunResults:
     machine: dict
-    profile: pd.DataFrame
-    fit_report: dict
-    predicted: pd.DataFrame
+    profile: pd.DataFrame | None
+    fit_report: dict | None
+    predicted: pd.DataFrame | None
     cost_model: CostModel
     latency: pd.DataFrame
     capacity: pd.DataFrame
@@ -88,26 +93,35 @@ class RunResults:
     fleet_cells: list[dict]
     chunks: pd.DataFrame | None = None
 
+    @property
+    def measured(self) -> bool:
+        """Whether this machine was profiled; False when the cost model was imported."""
+        return self.machine.get("measured", True)
+
 
 def load_results(inputs: Mapping) -> RunResults:
     missing = [key for key in REQUIRED_INPUTS if not inputs.get(key)]
+    machine = read_json(inputs["machine"]) if not missing else {}
+    if machine.get("measured", True):
+        missing += [key for key in PROFILE_INPUTS if not inputs.get(key)]
     if missing:
         raise ValueError(f"report: inputs missing: {', '.join(missing)}")
-    csv = lambda key: pd.read_csv(inputs[key])  # noqa: E731
+    csv = lambda key: pd.read_csv(inputs[key]) if inputs.get(key) else None  # noqa: E731
     validation = None
     if all(inputs.get(key) and Path(inputs[key]).is_file() for key in VALIDATION_INPUTS):
         meta = read_json(inputs["validation_meta"])
         if meta.get("headline", {}).get("evaluated"):
             validation = Validation(csv("validation"), csv("validation_requests"), meta)
     return RunResults(
-        machine=read_json(inputs["machine"]), profile=csv("profile"), fit_report=read_json(inputs["fit_report"]),
+        machine=machine, profile=csv("profile"),
+        fit_report=read_json(inputs["fit_report"]) if inputs.get("fit_report") else None,
         predicted=csv("predicted"), cost_model=CostModel.from_dict(read_json(inputs["costmodel"])),
         latency=csv("latency"), capacity=csv("capacity"), memory=csv("memory"),
         memory_summary=read_json(inputs["memory_summary"]), recommendation=read_json(inputs["recommendation"]),
         exercise2=read_json(inputs["exercise2"]), ex2_caps=csv("ex2_caps"), ex2_chunks=csv("ex2_chunks"),
         ex2_curve=csv("ex2_curve"), validation=validation,
         fleet_cells=[read_json(path) for path in inputs.get("fleet") or []],
-        chunks=csv("chunks") if inputs.get("chunks") else None,
+        chunks=csv("chunks"),
     )
 
 
@@ -232,9 +246,26 @@ def summary_section(run: RunResults, config: dict) -> dict:
     return {**rec, "verdict": {row["target"]: row for row in rec["verdict"]}, "n_pass": len(rec["passed"])}
 
 
+def costmodel_origin(run: RunResults, config: dict) -> dict | None:
+    """Where an imported step-time model came from and what it says, term by term; None when the
+    model was fitted to this run's profile."""
+    if run.measured:
+        return None
+    cost = run.cost_model
+    return {
+        "path": costmodel_source(config), "name": cost.name, "source": cost.source, "ctx_mode": cost.ctx_mode,
+        "terms": [{"term": f"decode_{key}", "value": getattr(cost, f"decode_{key}")} for key in DECODE_KEYS]
+        + [{"term": f"prefill_{key}", "value": getattr(cost, f"prefill_{key}")} for key in PREFILL_KEYS],
+    }
+
+
 def machine_section(run: RunResults) -> dict:
+    if not run.measured:
+        return {"measured": False, "model": clean(run.machine["model"]), "memory": clean(run.machine["memory"]),
+                "reduced_model": bool(run.machine["model"].get("config_overrides"))}
     report = clean(run.fit_report)
     return {
+        "measured": True,
         "machine": clean(run.machine["machine"]),
         "model": clean(run.machine["model"]),
         "memory": clean(run.machine["memory"]),
@@ -245,13 +276,27 @@ def machine_section(run: RunResults) -> dict:
     }
 
 
+def decode_table(cost: CostModel) -> list[dict]:
+    """The per-batch decode table beside the line a + b·B it replaces, in ms."""
+    return [{"batch": b, "table_ms": seconds * 1e3, "line_ms": (cost.decode_fixed_s + cost.decode_per_seq_s * b) * 1e3}
+            for b, seconds in cost.decode_batch_fixed_s]
+
+
 def profiling_section(run: RunResults, traces) -> dict:
+    prompts = np.concatenate([t.prompt_tokens for t in traces])
+    from_cost_model = {
+        "mean_prompt_prefill_ms": float(np.mean([run.cost_model.prefill_time(int(p)) for p in prompts])) * 1e3,
+        "mean_prompt_tokens": float(prompts.mean()),
+        "decode_table": decode_table(run.cost_model),
+        "decode_table_largest": max((b for b, _ in run.cost_model.decode_batch_fixed_s), default=None),
+    }
+    if not run.measured:
+        return {"imported": True, **from_cost_model}
     report = clean(run.fit_report)
     profile = run.profile
     decode = profile[profile["kind"] == "decode"]
     prefill = profile[(profile["kind"] == "prefill") & (profile["batch"] == 1)]
     longest_prefill = prefill.loc[prefill["prompt_len"].idxmax()]
-    prompts = np.concatenate([t.prompt_tokens for t in traces])
 
     def decode_at(batch) -> dict:
         """Medians over the contexts profiled at one batch size."""
@@ -260,6 +305,8 @@ def profiling_section(run: RunResults, traces) -> dict:
                 "efficiency": clean(rows["efficiency"].median()), "bound": _mode(rows["bound"])}
 
     return {
+        "imported": False,
+        **from_cost_model,
         "n_points": len(profile),
         "parts": report["parts"],
         "heldout_mape": report["heldout_mape"],
@@ -268,10 +315,6 @@ def profiling_section(run: RunResults, traces) -> dict:
         "physical": report["physical"],
         "systematic_parts": sorted(part for part, found in report["residual_structure"].items()
                                    if found["systematic"]),
-        "decode_table": [{"batch": b, "table_ms": seconds * 1e3,
-                          "line_ms": (run.cost_model.decode_fixed_s + run.cost_model.decode_per_seq_s * b) * 1e3}
-                         for b, seconds in run.cost_model.decode_batch_fixed_s],
-        "decode_table_largest": max((b for b, _ in run.cost_model.decode_batch_fixed_s), default=None),
         "batched_prefill": report.get("batched_prefill", []),
         "batched_largest": _largest_batched(report.get("batched_prefill", [])),
         "holdout_fraction": report["holdout"]["fraction"],
@@ -282,8 +325,6 @@ def profiling_section(run: RunResults, traces) -> dict:
         "prefill_longest_ms": float(longest_prefill["median_s"]) * 1e3,
         "prefill_efficiency_longest": float(longest_prefill["efficiency"]),
         "prefill_bound_longest": longest_prefill["bound"],
-        "mean_prompt_prefill_ms": float(np.mean([run.cost_model.prefill_time(int(p)) for p in prompts])) * 1e3,
-        "mean_prompt_tokens": float(prompts.mean()),
     }
 
 
@@ -513,11 +554,11 @@ def exercise2_section(run: RunResults) -> dict:
 
 
 def assumptions_section(run: RunResults, config: dict) -> dict:
-    machine = run.machine["machine"]
+    machine = run.machine.get("machine", {})
     steps = run.validation.meta["headline"] if run.validation is not None else None
     return {
         "random_weights": bool(run.machine["model"]["random_weights"]),
-        "threads": machine["threads"], "logical_cores": machine["logical_cores"],
+        "threads": machine.get("threads"), "logical_cores": machine.get("logical_cores"),
         "physical_cores": machine.get("physical_cores"),
         "prompt": config["workload"]["prompt"], "output": config["workload"]["output"],
         "price_per_hour": config["cost"]["price_per_hour"],
@@ -588,14 +629,8 @@ def provenance(inputs: Mapping, config_hash: str, machine_fingerprint: str, log_
 def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[str, bytes]:
     slo, workload = config["slo"], config["workload"]
     today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
-    heldout = set(clean(run.fit_report)["holdout"]["point_ids"])
     cost, ex2 = context["cost"], context["exercise2"]["answers"]
     made = {
-        "prefill_profile": figures.prefill_profile(run.profile, run.cost_model, heldout),
-        "decode_profile": figures.decode_profile(run.profile, run.cost_model, heldout),
-        "residuals": figures.residuals(run.predicted),
-        "roofline_efficiency": figures.roofline_efficiency(run.profile),
-        "speed_trace": measurement.speed_trace_figure(run.machine, run.validation.meta if run.validation else None),
         "workload": figures.workload_histograms(traces, today),
         "ttft_vs_rate": figures.ttft_vs_rate(run.latency, slo["ttft_percentile"], slo["ttft_ms"], today, target),
         "capacity": figures.capacity_per_cap(run.capacity, today, target),
@@ -618,6 +653,14 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
                                            ex2["2.2"]["tpot_budget_ms"]),
         "ex2_chunks": figures.exercise2_chunks(seed_means(run.ex2_chunks, "chunk_size"), ex2["2.3"]["itl_bound_ms"]),
     }
+    if run.measured:
+        heldout = set(clean(run.fit_report)["holdout"]["point_ids"])
+        made["prefill_profile"] = figures.prefill_profile(run.profile, run.cost_model, heldout)
+        made["decode_profile"] = figures.decode_profile(run.profile, run.cost_model, heldout)
+        made["residuals"] = figures.residuals(run.predicted)
+        made["roofline_efficiency"] = figures.roofline_efficiency(run.profile)
+        made["speed_trace"] = measurement.speed_trace_figure(run.machine,
+                                                             run.validation.meta if run.validation else None)
     if run.validation is not None:
         made["validation_ttft"] = figures.ttft_scatter(run.validation.requests)
         made["steps_by_batch"] = measurement.steps_by_batch_figure(run.validation.meta)
@@ -642,7 +685,9 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "cost_data": browser_cost_data(cost),
         "validation": validation_section(run),
         "measurement": clean(measurement.measurement_summary(run.machine, run.fit_report,
-                                                             run.validation.meta if run.validation else None)),
+                                                             run.validation.meta if run.validation else None))
+        if run.measured else None,
+        "costmodel_origin": costmodel_origin(run, config),
         "exercise2": exercise2_section(run),
         "assumptions": assumptions_section(run, config),
         "provenance": provenance_record,

@@ -24,6 +24,7 @@ import pandas as pd
 import psutil
 import torch
 
+from servingplan.device import model_device, wait_for
 from servingplan.profiling.machine import configure_threads
 from servingplan.serving.kvpool import KVPool, configure_allocator, decode_call, decode_step, prefill_call, prefill_step
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
@@ -72,6 +73,8 @@ class Engine:
                  kv_blocks: int | None = None, block_size: int = 16, threads: int | None = None,
                  chunk_budget: str = DEFAULT_CHUNK_BUDGET):
         self.model = model
+        # the KV pool goes where the model is (config model.device)
+        self.device = model_device(model)
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.chunk_size = chunk_size
@@ -121,7 +124,7 @@ class _Run:
         # the last generated token is never fed back, so its KV entry is never stored
         longest = max((s.prompt_len + s.output_len - 1 for s in self.seqs if self.problems[s.id] is None),
                       default=1)
-        self.pool = KVPool(config, engine.max_num_seqs, longest)
+        self.pool = KVPool(config, engine.max_num_seqs, longest, engine.device)
 
         self.scheduled = np.full(n, np.nan)
         self.first = np.full(n, np.nan)
@@ -167,10 +170,13 @@ class _Run:
 
     def _warm_up(self) -> None:
         """One prefill and one decode before the clock starts: the first calls pay one-time setup."""
-        ids = torch.zeros(1, WARMUP_PROMPT_TOKENS, dtype=torch.long)
+        device = self.engine.device
+        ids = torch.zeros(1, WARMUP_PROMPT_TOKENS, dtype=torch.long, device=device)
         cache = prefill_call(self.model, ids).past_key_values
-        decode_call(self.model, ids[:, :1], cache, torch.ones(1, WARMUP_PROMPT_TOKENS + 1, dtype=torch.long),
-                    torch.full((1, 1), WARMUP_PROMPT_TOKENS))
+        decode_call(self.model, ids[:, :1], cache,
+                    torch.ones(1, WARMUP_PROMPT_TOKENS + 1, dtype=torch.long, device=device),
+                    torch.full((1, 1), WARMUP_PROMPT_TOKENS, device=device))
+        wait_for(device)
 
     def _arrive(self, seq: Seq) -> None:
         problem = self.problems[seq.id]
@@ -249,7 +255,7 @@ class _Run:
         started = time.perf_counter()
         logits = decode_step(self.model, self.pool, lengths, input_ids)
         decode_s = time.perf_counter() - started
-        for seq, token in zip(decoders, logits.argmax(-1)):
+        for seq, token in zip(decoders, logits.argmax(-1).tolist()):
             self.token_ids[seq.id][seq.prompt_len + seq.generated] = token
         return prefill_s, decode_s, moved
 
@@ -260,7 +266,7 @@ class _Run:
         input_ids = self.token_ids[seq.id][cached:cached + tokens][None]
         logits = prefill_step(self.model, self.pool, self.pool.slot_of[seq], input_ids, cached)
         if cached + tokens == seq.prefill_target:
-            self.token_ids[seq.id][seq.prefill_target] = logits.argmax()
+            self.token_ids[seq.id][seq.prefill_target] = int(logits.argmax())
 
     # -- the result ---------------------------------------------------------------------------------
     def _outcome(self, truncated: bool) -> EngineRun:

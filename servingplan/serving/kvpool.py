@@ -7,9 +7,13 @@ describes what the engine does:
     configure_allocator()                                process-wide malloc setting both must run under
     prefill_call(model, input_ids, cache=None)           one prompt (or chunk), logits of its last token
     decode_call(model, input_ids, cache, mask, positions) one new token for each of B padded sequences
-    KVPool(config, slots, capacity)                      one preallocated K and V tensor per pool
+    KVPool(config, slots, capacity, device)              one preallocated K and V tensor per pool
     prefill_step(model, pool, slot, input_ids, cached)   prefill a slot after its `cached` entries
     decode_step(model, pool, lengths, input_ids)         one decode step of slots 0..B-1
+
+The pool lives on the model's device (config `model.device`); the two step functions take their ids and
+lengths from anywhere, move them there, and return only once the device has done the step's work
+(servingplan.device.wait_for), so whoever times them, the profiler or the engine, times the work.
 
 KV layout. Every running sequence owns a slot of one preallocated pool per K and V, shaped
 [layer, slot, head, position, head_dim]; its entries sit at positions 0..n-1 of its slot.
@@ -31,6 +35,8 @@ import ctypes.util
 
 import torch
 from transformers import DynamicCache
+
+from servingplan.device import wait_for
 
 # glibc mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -77,13 +83,14 @@ def decode_call(model, input_ids: torch.Tensor, cache: DynamicCache, attention_m
 class KVPool:
     """The KV entries of every running sequence, one slot each, in two preallocated tensors."""
 
-    def __init__(self, config, slots: int, capacity: int):
+    def __init__(self, config, slots: int, capacity: int, device: torch.device | str = "cpu"):
         head_dim = config.n_embd // config.n_head
         shape = (config.n_layer, slots, config.n_head, capacity, head_dim)
+        self.device = torch.device(device)
         # zeros, not empty: padded positions are masked, but a NaN left in memory would still
         # poison the attention output (0 * NaN) through the value product.
-        self.keys = torch.zeros(shape)
-        self.values = torch.zeros(shape)
+        self.keys = torch.zeros(shape, device=self.device)
+        self.values = torch.zeros(shape, device=self.device)
         self.config = config
         self.owner: list = [None] * slots
         # entries each slot holds, counted here: a Seq's counters move only when its step completes
@@ -124,7 +131,7 @@ class KVPool:
 
     def store_decode(self, cache: DynamicCache, lengths: torch.Tensor) -> None:
         """Scatter the newest entry of batch row b (slot b) to position lengths[b]."""
-        rows = torch.arange(len(lengths))
+        rows = torch.arange(len(lengths), device=lengths.device)
         for index, layer in enumerate(cache.layers):
             self.keys[index, rows, :, lengths] = layer.keys[:, :, -1]
             self.values[index, rows, :, lengths] = layer.values[:, :, -1]
@@ -160,8 +167,9 @@ def prefill_step(model, pool: KVPool, slot: int, input_ids: torch.Tensor, cached
     prompt token."""
     tokens = input_ids.shape[1]
     cache = pool.cache_view(slice(slot, slot + 1), cached) if cached else None
-    output = prefill_call(model, input_ids, cache)
+    output = prefill_call(model, input_ids.to(pool.device), cache)
     pool.store_prefill(slot, output.past_key_values, cached, tokens)
+    wait_for(pool.device)
     return output.logits[0, -1]
 
 
@@ -169,7 +177,7 @@ def decode_mask(lengths: torch.Tensor) -> torch.Tensor:
     """[B, T+1] attention mask of a batch padded to T = max(lengths): each row's own entries and the
     new token."""
     past = int(lengths.max())
-    mask = (torch.arange(past + 1) < lengths[:, None]).long()
+    mask = (torch.arange(past + 1, device=lengths.device) < lengths[:, None]).long()
     mask[:, past] = 1
     return mask
 
@@ -178,6 +186,8 @@ def decode_step(model, pool: KVPool, lengths: torch.Tensor, input_ids: torch.Ten
     """One decode step of the sequences in slots 0..B-1 holding `lengths` entries, fed input_ids
     [B, 1]; stores each new entry and returns the logits [B, vocab]."""
     cache = pool.cache_view(slice(0, len(lengths)), int(lengths.max()))
-    logits = decode_call(model, input_ids, cache, decode_mask(lengths), lengths[:, None]).logits
+    lengths = lengths.to(pool.device)
+    logits = decode_call(model, input_ids.to(pool.device), cache, decode_mask(lengths), lengths[:, None]).logits
     pool.store_decode(cache, lengths)
+    wait_for(pool.device)
     return logits[:, -1]
