@@ -15,6 +15,7 @@ MACHINE = os.environ.setdefault("SERVINGPLAN_MACHINE", fingerprint(config["profi
 PROFILE_DIR = f"results/profile/{MACHINE}"
 SEEDS = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
 CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
+HARDWARE = {target["name"]: target for target in config.get("hardware", [])}
 
 wildcard_constraints:
     policy=policy_wildcard(),

@@ -59,7 +59,7 @@ def _allowed(error: jsonschema.ValidationError) -> str:
     if kind == "uniqueItems":
         return "items must be unique"
     if kind == "pattern":
-        return "must be one line without control characters (newline, tab, ...)"
+        return error.schema.get("description", "must be one line without control characters (newline, tab, ...)")
     return error.message
 
 
@@ -183,6 +183,17 @@ def check(config: dict) -> None:
                           "holding a transformers checkpoint (config.json + weights)")
     _check_sizes(config)
     _check_trace(config["workload"].get("trace"))
+    _check_hardware(config.get("hardware", []))
+
+
+def _check_hardware(targets: list[dict]) -> None:
+    """Each target names its own output file and report row, so no two may share a name."""
+    seen = set()
+    for i, target in enumerate(targets):
+        if target["name"] in seen:
+            raise ConfigError(f"config error: hardware[{i}].name = {target['name']!r}: must differ from every other "
+                              "target's name")
+        seen.add(target["name"])
 
 
 def _check_trace(trace: dict | None) -> None:
