@@ -223,3 +223,11 @@ def test_free_text_of_a_target_is_escaped(hardware_report):
     html, md = hardware_report["html"], hardware_report["md"]
     assert "<b>big</b>" not in html and "&lt;b&gt;big&lt;/b&gt; *GPU* | `x`" in html
     assert r"&lt;b&gt;big&lt;/b&gt; \*GPU\* \| \`x\`" in md_section(md)
+
+
+def test_the_section_leaks_no_undefined_value_or_code_name(hardware_report):
+    section = md_section(hardware_report["md"])
+    assert test_report.LEAKS.findall(test_report.visible_md_text(section)) == []
+    for line in test_report.prose_lines(section):
+        assert test_report.SNAKE_CASE.findall(line) == [], line[:200]
+        assert re.findall(r"[A-Za-z0-9)%]\.[A-Z]|[a-z]{2}\(", line) == [], line[:200]
