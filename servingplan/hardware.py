@@ -127,7 +127,9 @@ def target_plan(cost: CostModel, machine: dict, model_cfg: dict, target: dict, c
                                                                             criteria=("ttft_slo", "stable")))]
     fleets = [planner.fleet_cell(scaled, machine, p, c, *args, capacity, cost_cfg) for p, c in cells]
     return {"target": dict(target), "here": here, "terms": terms, "costmodel": scaled.to_dict(),
-            "latency": latency.to_dict(orient="records"), "capacity": capacity_rows, "fleet": fleets}
+            # an undefined figure (an unstable run's percentile) as null, so the file is plain JSON
+            "latency": latency.astype(object).where(latency.notna(), None).to_dict(orient="records"),
+            "capacity": capacity_rows, "fleet": fleets}
 
 
 def target_verdicts(plan: dict, target: dict, machine: dict, cost_cfg: dict, slo: dict, workload: dict,

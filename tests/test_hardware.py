@@ -231,3 +231,21 @@ def test_the_section_leaks_no_undefined_value_or_code_name(hardware_report):
     for line in test_report.prose_lines(section):
         assert test_report.SNAKE_CASE.findall(line) == [], line[:200]
         assert re.findall(r"[A-Za-z0-9)%]\.[A-Z]|[a-z]{2}\(", line) == [], line[:200]
+
+
+def test_a_target_too_slow_to_keep_up_is_planned_and_judged_through_its_json_file(tmp_path):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["workload"]["num_requests"] = 20
+    config["sweep"].update(seeds=1)
+    config["cost"]["max_replicas"] = 2
+    machine = test_report.machine_meta(COST)
+    slow = {"name": "slow", "bandwidth_gbs": 0.1, "gflops": 0.1}
+    plan = hardware.target_plan(COST, machine, config["model"], slow, [("continuous", 8)], config["workload"],
+                                config["slo"], config["sweep"], config["memory"], [0], config["capacity"], config["cost"])
+    write_json(tmp_path / "slow.json", plan)
+    judged = hardware.target_verdicts(read_json(tmp_path / "slow.json"), slow, machine, config["cost"], config["slo"],
+                                      config["workload"], config["memory"], [0], None)
+    rec = judged["recommendation"]
+    assert not rec["chosen"]["stable_today"] and rec["chosen"]["latency_ms"] is None
+    assert rec["missed"] == ["latency", "capacity", "cost"] and judged["price_given"] is False
+    assert "NaN" not in (tmp_path / "slow.json").read_text()
