@@ -114,8 +114,8 @@ def target_plan(cost: CostModel, machine: dict, model_cfg: dict, target: dict, c
                 cost_cfg: dict) -> dict:
     """What the recommendation needs for one target machine, price aside: the carried-over model with
     its per-term scale factors, and per (policy, cap) cell the latency at today's rate and the capacity
-    target rate, the capacity (TTFT target and keeping up, with the speed band) and the fleet search,
-    all from the planner's own cell functions with the same seeds."""
+    target rate, the capacity (TTFT target and keeping up, with the speed band) and the fleet and
+    speed-up searches, all from the planner's own cell functions with the same seeds."""
     here = here_roofline(machine)
     scaled, terms = carry_over(cost, architecture.architecture(model_cfg), here, target)
     today_only = {**sweep, "rates": [workload["rate"]]}
@@ -125,7 +125,9 @@ def target_plan(cost: CostModel, machine: dict, model_cfg: dict, target: dict, c
     capacity_rows = [row for p, c in cells
                      for row in planner.capacity_rows(planner.capacity_cell(scaled, machine, p, c, *args, capacity,
                                                                             criteria=("ttft_slo", "stable")))]
-    fleets = [planner.fleet_cell(scaled, machine, p, c, *args, capacity, cost_cfg) for p, c in cells]
+    # the speed-up's interval over the speed band is not reported for a target: one search, not three
+    fleets = [planner.fleet_cell(scaled, machine, p, c, *args, capacity, cost_cfg, speedup_band=False)
+              for p, c in cells]
     return {"target": dict(target), "here": here, "terms": terms, "costmodel": scaled.to_dict(),
             # an undefined figure (an unstable run's percentile) as null, so the file is plain JSON
             "latency": latency.astype(object).where(latency.notna(), None).to_dict(orient="records"),

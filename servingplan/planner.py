@@ -128,9 +128,10 @@ def _targets_hold(run, rates, slo) -> tuple[bool, dict]:
     return ok, detail
 
 
-def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity, cost_cfg) -> dict:
+def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity, cost_cfg,
+               speedup_band: bool = True) -> dict:
     """Smallest fleet per router that meets both latency targets, and the single-machine speed-up
-    that would do the same."""
+    that would do the same (with `speedup_band`, also at the slowest and fastest measured speed)."""
     blocks = kv_blocks(machine, memory)
     draws = traces(workload, seeds)
     rates = {"today": float(workload["rate"]), "capacity_target": float(slo["capacity_target_rate"])}
@@ -157,7 +158,8 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
 
     return {"policy": policy, "max_num_seqs": cap, "kv_blocks": blocks, "fleets": fleets,
             **speedup_for(step_model),
-            "speedup_speed_band": {name: speedup_for(model) for name, model in speed_band_models(step_model).items()}}
+            "speedup_speed_band": {name: speedup_for(model) for name, model in speed_band_models(step_model).items()}
+            if speedup_band else {}}
 
 
 def smallest_speedup(holds, tolerance: float) -> dict:
