@@ -22,6 +22,7 @@ PROFILED = COSTMODEL_SOURCE == PROFILE_SOURCE
 SEEDS = [config["seed"] * 1000 + i
          for i in range(1 if config["workload"].get("trace") else config["sweep"]["seeds"])]
 CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
+HARDWARE = {target["name"]: target for target in config.get("hardware", [])}
 
 wildcard_constraints:
     policy=policy_wildcard(),

@@ -25,6 +25,37 @@ rule fleet_cell:
         "../scripts/fleet_cell.py"
 
 
+# Each target machine of config `hardware`: the planner's cells re-run on the cost model carried over by
+# the roofline, one job per target (its cells run one after another: a faster target's searches are short).
+rule hardware_target:
+    input:
+        costmodel=COSTMODEL,
+        machine=MACHINE_JSON,
+        code=SIM_SOURCES + sources("planner.py", "hardware.py", "architecture.py"),
+    output:
+        "results/plan/hardware/{target}.json",
+    params:
+        **SIM_PARAMS,
+        capacity=config["capacity"],
+        cost=dict((k, v) for k, v in config["cost"].items() if k in ("max_replicas", "routers")),
+        model=config["model"],
+        # the roofline alone: a target's description or price reaches `recommend` only
+        target=lambda wildcards: {k: HARDWARE[wildcards.target][k] for k in ("name", "bandwidth_gbs", "gflops")},
+        cells=[[policy, cap] for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]],
+    wildcard_constraints:
+        target=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=60,
+    log:
+        "results/logs/hardware/{target}.log",
+    benchmark:
+        "results/benchmarks/hardware/{target}.tsv"
+    script:
+        "../scripts/hardware_target.py"
+
+
 rule memory:
     input:
         machine=MACHINE_JSON,
@@ -58,13 +89,18 @@ rule recommend:
         # the engine's measured serving memory judges the memory target (validate.smk is included after
         # this file, so its output is named by path); an imported cost model has no validation
         **({"validation": "results/validation/validation.json"} if PROFILED else {}),
-        code=sources("money.py", "planner.py", "seeds.py"),
+        hardware=expand("results/plan/hardware/{target}.json", target=HARDWARE),
+        code=sources("money.py", "planner.py", "seeds.py", "hardware.py"),
     output:
         "results/plan/recommendation.json",
+        # each target machine's verdicts: they depend on the price, so they are decided here
+        hardware="results/plan/hardware_verdicts.json",
     params:
         cost=config["cost"],
         slo=config["slo"],
         workload=config["workload"],
+        memory=config["memory"],
+        hardware=list(HARDWARE.values()),
         seeds=SEEDS,
     threads: 1
     resources:

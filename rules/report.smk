@@ -23,6 +23,7 @@ rule report:
         memory=rules.memory.output.table,
         memory_summary=rules.memory.output.summary,
         recommendation=rules.recommend.output[0],
+        hardware=rules.recommend.output.hardware,
         fleet=expand("results/fleet/cells/{cell}.json", cell=CELLS),
         exercise2=rules.exercise2.output.answers,
         ex2_caps=rules.exercise2.output.cap_sweep,

@@ -78,7 +78,7 @@ rule collect:
         sweep=expand("results/sweep/cells/{cell}.csv", cell=CELLS),
         capacity=expand("results/capacity/cells/{cell}.json", cell=CELLS),
         chunks=expand("results/sweep/chunks/cap{cap}.csv", cap=config["sweep"]["caps"]),
-        code=sources("pipeline.py", "io.py"),
+        code=sources("pipeline.py", "io.py", "planner.py"),
     output:
         latency="results/sweep/latency.csv",
         chunks="results/sweep/chunk_sweep.csv",

@@ -62,7 +62,7 @@ def _allowed(error: jsonschema.ValidationError) -> str:
     if kind == "uniqueItems":
         return "items must be unique"
     if kind == "pattern":
-        return "must be one line without control characters (newline, tab, ...)"
+        return error.schema.get("description", "must be one line without control characters (newline, tab, ...)")
     return error.message
 
 
@@ -190,6 +190,23 @@ def check(config: dict) -> None:
     _check_trace(config["workload"].get("trace"), config["memory"]["max_context"])
     _check_costmodel(config.get("costmodel"))
     _check_device(config["model"].get("device", "cpu"))
+    _check_hardware(config.get("hardware", []), costmodel_source(config))
+
+
+def _check_hardware(targets: list[dict], costmodel: str) -> None:
+    """Each target names its own output file and report row, so no two may share a name. A target's
+    speed is scaled from the roofline probes of the machine the cost model was fitted on, which only a
+    profiled run has."""
+    if targets and costmodel != PROFILE_SOURCE:
+        raise ConfigError(f"config error: hardware = [{len(targets)} targets]: needs costmodel.source 'profile' "
+                          f"(here {costmodel!r}); a target is estimated from the roofline probes of the machine "
+                          "the cost model was measured on, which an imported cost model does not carry")
+    seen = set()
+    for i, target in enumerate(targets):
+        if target["name"] in seen:
+            raise ConfigError(f"config error: hardware[{i}].name = {target['name']!r}: must differ from every other "
+                              "target's name")
+        seen.add(target["name"])
 
 
 def costmodel_source(config: dict) -> str:

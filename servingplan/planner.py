@@ -83,20 +83,38 @@ def chunk_cell(step_model, machine, cap, workload, slo, sweep, memory, seeds) ->
     return pd.DataFrame(rows)
 
 
-def capacity_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity) -> dict:
-    """Capacity under three criteria: the TTFT percentile SLO (the capstone's), joint attainment of
-    TTFT and TPOT, and bare stability (the most load the machine keeps up with at all)."""
+CAPACITY_CRITERIA = ("ttft_slo", "joint_attainment", "stable")
+
+
+def capacity_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity,
+                  criteria=CAPACITY_CRITERIA) -> dict:
+    """Capacity under three criteria (or those of them named in `criteria`): the TTFT percentile SLO
+    (the capstone's), joint attainment of TTFT and TPOT, and bare stability (the most load the machine
+    keeps up with at all)."""
     blocks = kv_blocks(machine, memory)
     draws = traces(workload, seeds)
-    criteria = {
+    every = {
         "ttft_slo": Criterion(ttft_slo(slo)),
         "joint_attainment": Criterion(capstone_slo(slo), attainment_goal=slo["attainment_goal"]),
         "stable": Criterion(SLO(), attainment_goal=0.0),
     }
+    criteria = {name: every[name] for name in criteria}
     return {name: capacity_in_band(draws, seeds, step_model, policy, cap, sweep["chunk_size"], criterion,
                                    capacity["rate_min"], capacity["rate_max"], capacity["tolerance"], blocks,
                                    memory["block_size"], sweep["horizon_factor"], policies.chunk_budget(sweep))
             for name, criterion in criteria.items()}
+
+
+def capacity_rows(cell: dict):
+    """One capacity cell as rows of the capacity table, one per criterion: the interval over seeds and
+    the measured speed band as two columns (the band's own capacities stay in the cell)."""
+    for name, result in cell.items():
+        interval = result.get("interval_rps") or [None, None]
+        yield {"criterion_name": name,
+               **{k: v for k, v in result.items() if k not in ("per_seed", "interval_rps", "speed_band")},
+               "interval_lo_rps": interval[0], "interval_hi_rps": interval[1],
+               "per_seed_lower": ";".join(f"{s['lower']:.6g}" for s in result["per_seed"]),
+               "per_seed_upper": ";".join(f"{s['upper']:.6g}" for s in result["per_seed"])}
 
 
 def _targets_hold(run, rates, slo) -> tuple[bool, dict]:
@@ -112,9 +130,10 @@ def _targets_hold(run, rates, slo) -> tuple[bool, dict]:
     return ok, detail
 
 
-def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity, cost_cfg) -> dict:
+def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity, cost_cfg,
+               speedup_band: bool = True) -> dict:
     """Smallest fleet per router that meets both latency targets, and the single-machine speed-up
-    that would do the same."""
+    that would do the same (with `speedup_band`, also at the slowest and fastest measured speed)."""
     blocks = kv_blocks(machine, memory)
     draws = traces(workload, seeds)
     rates = {"today": float(workload["rate"]), "capacity_target": float(slo["capacity_target_rate"])}
@@ -142,7 +161,8 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
 
     return {"policy": policy, "max_num_seqs": cap, "kv_blocks": blocks, "fleets": fleets,
             **speedup_for(step_model),
-            "speedup_speed_band": {name: speedup_for(model) for name, model in speed_band_models(step_model).items()}}
+            "speedup_speed_band": {name: speedup_for(model) for name, model in speed_band_models(step_model).items()}
+            if speedup_band else {}}
 
 
 def smallest_speedup(holds, tolerance: float) -> dict:

@@ -61,6 +61,18 @@ def test_full_run_writes_the_report_and_every_stage_output(pipeline):
     assert not list(pipeline.glob("results/**/*.tmp"))
 
 
+def test_the_report_gives_each_hardware_target_its_verdicts_as_a_roofline_estimate(pipeline):
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    verdicts = json.loads((pipeline / "results/plan/hardware_verdicts.json").read_text())["targets"]
+    assert [t["name"] for t in verdicts] == [t["name"] for t in config["hardware"]] and len(verdicts) == 2
+    html = (pipeline / "results/report/report.html").read_text()
+    md = (pipeline / "results/report/report.md").read_text()
+    for target in verdicts:
+        assert {row["target"] for row in target["recommendation"]["verdict"]} == {"latency", "capacity", "memory", "cost"}
+        heading = f"{target['name']}: an estimate from the roofline, not a measurement"
+        assert f"### {heading}" in md and f">{heading}</h3>" in html
+
+
 def test_noop_rerun_does_nothing(pipeline):
     assert planned_rules(pipeline) == set()
 

@@ -130,17 +130,6 @@ def round_samples(points: pd.DataFrame) -> pd.DataFrame:
                          for p in points.itertuples() for r, factor in enumerate((0.98, 1.0, 1.03))])
 
 
-def capacity_rows(cell: dict):
-    """scripts/collect.py's flattening of one capacity cell."""
-    for name, result in cell.items():
-        interval = result.get("interval_rps") or [None, None]
-        yield {"criterion_name": name,
-               **{k: v for k, v in result.items() if k not in ("per_seed", "interval_rps", "speed_band")},
-               "interval_lo_rps": interval[0], "interval_hi_rps": interval[1],
-               "per_seed_lower": ";".join(f"{s['lower']:.6g}" for s in result["per_seed"]),
-               "per_seed_upper": ";".join(f"{s['upper']:.6g}" for s in result["per_seed"])}
-
-
 def write_validation(directory: Path, cost: CostModel, config: dict) -> dict:
     """The validation files, with a 10%-slower copy of the cost model standing in for the real engine."""
     engine = cost.scaled(0.9)
@@ -228,7 +217,7 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     latency = pd.concat([planner.sweep_cell(fitted, meta, p, c, *args) for p in POLICIES for c in CAPS],
                         ignore_index=True)
     capacity = pd.DataFrame([row for p in POLICIES for c in CAPS
-                             for row in capacity_rows(planner.capacity_cell(fitted, meta, p, c, *args,
+                             for row in planner.capacity_rows(planner.capacity_cell(fitted, meta, p, c, *args,
                                                                             config["capacity"]))])
     fleets = [planner.fleet_cell(fitted, meta, p, c, *args, config["capacity"], config["cost"])
               for p in POLICIES for c in CAPS]

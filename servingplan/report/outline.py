@@ -21,6 +21,8 @@ OUTLINE = (
     Section("simulation", "Simulation", "Simulation"),
     Section("memory_cost", "Memory and cost", "Memory and cost"),
     Section("validation", "Validation", "Validation"),
+    # only when the config names target machines (config `hardware`)
+    Section("hardware", "Other machines: an estimate from the roofline", "Other machines"),
     Section("exercise2", "Exercise 2: from an SLO to a batch cap", "Exercise 2"),
     Section("assumptions", "Assumptions and trade-offs", "Assumptions"),
     Section("provenance", "Provenance", "Provenance"),

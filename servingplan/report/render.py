@@ -92,6 +92,7 @@ class RunResults:
     validation: Validation | None
     fleet_cells: list[dict]
     chunks: pd.DataFrame | None = None
+    hardware: dict | None = None
 
     @property
     def measured(self) -> bool:
@@ -122,6 +123,7 @@ def load_results(inputs: Mapping) -> RunResults:
         ex2_curve=csv("ex2_curve"), validation=validation,
         fleet_cells=[read_json(path) for path in inputs.get("fleet") or []],
         chunks=csv("chunks"),
+        hardware=read_json(inputs["hardware"]) if inputs.get("hardware") else None,
     )
 
 
@@ -499,6 +501,39 @@ def browser_cost_data(cost: dict) -> dict:
                       for f in cost["fleets"]}}
 
 
+def hardware_section(run: RunResults) -> dict | None:
+    """Each target machine's verdicts, estimated on the cost model carried over by the roofline, beside
+    this machine's; with every term's bound and scale factor. None when the config names no target."""
+    targets = clean(run.hardware or {}).get("targets") or []
+    if not targets:
+        return None
+    rows = []
+    for target in targets:
+        rec = target["recommendation"]
+        rows.append({**{k: v for k, v in target.items() if k != "recommendation"},
+                     "status": rec["status"], "chosen": rec["chosen"], "reason": rec["reason"],
+                     "verdict": {row["target"]: row for row in rec["verdict"]},
+                     "passed": rec["passed"], "missed": rec["missed"], "n_pass": len(rec["passed"]),
+                     "speedup": rec["what_it_would_take"]["speedup"],
+                     "weights_scale": _term(target["terms"], "prefill_fixed_s"),
+                     "products_scale": _term(target["terms"], "prefill_per_token_s")})
+    here = clean(run.recommendation)
+    return {"targets": rows, "here": targets[0]["here"], "here_chosen": here["chosen"],
+            "here_n_pass": len(here["passed"]), "here_verdict": {row["target"]: row for row in here["verdict"]}}
+
+
+def _term(terms: list[dict], name: str) -> dict:
+    return next(term for term in terms if term["term"] == name)
+
+
+def markdown_hardware(section: dict | None) -> dict | None:
+    """The hardware section with the config's free text (target names, descriptions) as Markdown text."""
+    if section is None:
+        return None
+    return {**section, "targets": [{**t, "name": markdown_text(t["name"]), "description": markdown_text(t["description"])}
+                                   for t in section["targets"]]}
+
+
 def validation_section(run: RunResults) -> dict | None:
     if run.validation is None:
         return None
@@ -671,6 +706,7 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
 def build_context(run: RunResults, config: dict, provenance_record: dict, traces) -> dict:
     summary = summary_section(run, config)
     cost = cost_section(run, config, summary)
+    hardware = hardware_section(run)
     return {
         "title": config["report"]["title"],
         "config": config,
@@ -684,6 +720,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "cost": cost,
         "cost_data": browser_cost_data(cost),
         "validation": validation_section(run),
+        "hardware": hardware,
         "measurement": clean(measurement.measurement_summary(run.machine, run.fit_report,
                                                              run.validation.meta if run.validation else None))
         if run.measured else None,
@@ -692,7 +729,8 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "assumptions": assumptions_section(run, config),
         "provenance": provenance_record,
         "policy_label": policies.label,
-        "outline": OUTLINE,
+        # the section on other machines stands only when the config names some
+        "outline": [section for section in OUTLINE if section.id != "hardware" or hardware],
     }
 
 
@@ -770,7 +808,8 @@ def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = F
         figure_src={name: "data:image/png;base64," + base64.b64encode(png).decode("ascii")
                     for name, png in figure_png.items()})
     md = env.get_template(MD_TEMPLATE).render(
-        **{**context, "title": markdown_text(context["title"])}, output_format="md",
+        **{**context, "title": markdown_text(context["title"]), "hardware": markdown_hardware(context["hardware"])},
+        output_format="md",
         cost_text=CostText(price, target, html=False),
         figure_src={name: f"{figure_dir_name}/{name}.png" for name in figure_png})
     # The templates open with macro definitions and their blocks leave blank lines behind; Markdown

@@ -1,0 +1,251 @@
+"""Target machines (config `hardware`): the roofline carry-over of each cost-model term, the config's
+checks, and the report's section giving each target's verdicts as an estimate from the roofline."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import test_report
+from servingplan import architecture, hardware
+from servingplan.config import ConfigError, check
+from servingplan.costmodel import CostModel
+from servingplan.io import read_json, write_json
+from servingplan.report.render import write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT2 = architecture.GPT2_SMALL
+# a balance point of 1 FLOP per byte: a decode step's weight read is memory-bound at batch 1, and
+# compute-bound from batch 4 up (2 FLOPs per weight per sequence against 4 bytes per weight)
+HERE = {"name": "here", "bandwidth_gbs": 100.0, "gflops": 100.0}
+COST = CostModel(decode_fixed_s=5e-3, decode_per_seq_s=2e-3, decode_per_ctx_token_s=1e-6, prefill_fixed_s=4e-3,
+                 prefill_per_token_s=2.5e-3, prefill_per_token_sq_s=1e-8, prefill_per_token_ctx_s=2e-8,
+                 ctx_mode="padded_max", name="measured", meta={"speed_band": {"decode": [0.9, 1.1], "prefill": [0.95, 1.05]}},
+                 decode_batch_fixed_s=((1, 7e-3), (4, 1.3e-2), (32, 7e-2)))
+
+
+def carried(target: dict) -> tuple[CostModel, dict]:
+    model, terms = hardware.carry_over(COST, GPT2, HERE, {"name": "target", **target})
+    return model, {(t["term"], t["batch"]): t for t in terms}
+
+
+def test_a_target_identical_to_this_machine_gives_back_the_same_model():
+    model, terms = carried({"bandwidth_gbs": 100.0, "gflops": 100.0})
+    assert dataclasses.replace(model, name=COST.name, source=COST.source) == COST
+    assert model.meta == COST.meta
+    assert {t["scale"] for t in terms.values()} == {1.0}
+
+
+def test_a_memory_bound_term_scales_with_bandwidth_alone():
+    # from 200 GFLOP/s up the target does the attention's 0.5 FLOP per KV byte faster than it reads them
+    for gflops in (200.0, 1000.0, 50000.0):
+        model, terms = carried({"bandwidth_gbs": 400.0, "gflops": gflops})
+        # the weights streamed once per call: no FLOPs at all
+        assert terms[("decode_fixed_s", None)]["bound_target"] == "memory"
+        assert model.decode_fixed_s == pytest.approx(COST.decode_fixed_s / 4, rel=1e-12)
+        assert model.prefill_fixed_s == pytest.approx(COST.prefill_fixed_s / 4, rel=1e-12)
+        # a cached token's keys and values are read for 0.5 FLOP per byte: memory-bound on both machines
+        assert terms[("decode_per_ctx_token_s", None)]["bound_here"] == "memory"
+        assert terms[("decode_per_ctx_token_s", None)]["bound_target"] == "memory"
+        assert model.decode_per_ctx_token_s == pytest.approx(COST.decode_per_ctx_token_s / 4, rel=1e-12)
+
+
+def test_a_compute_bound_term_scales_with_the_float32_rate_alone():
+    for bandwidth in (100.0, 900.0, 3000.0):
+        model, terms = carried({"bandwidth_gbs": bandwidth, "gflops": 800.0})
+        assert terms[("prefill_per_token_s", None)]["bound_here"] == "compute"
+        assert terms[("prefill_per_token_s", None)]["bound_target"] == "compute"
+        assert model.prefill_per_token_s == pytest.approx(COST.prefill_per_token_s / 8, rel=1e-12)
+        assert model.decode_per_seq_s == pytest.approx(COST.decode_per_seq_s / 8, rel=1e-12)
+        assert model.prefill_per_token_sq_s == pytest.approx(COST.prefill_per_token_sq_s / 8, rel=1e-12)
+
+
+def test_each_batch_of_the_decode_table_is_scaled_by_its_own_bound():
+    # 1.5x the bandwidth, the same FLOP rate: batch 1, still bound by its weight read, gets 1.5x faster;
+    # a large batch, bound by its products, not at all
+    model, terms = carried({"bandwidth_gbs": 150.0, "gflops": 100.0})
+    assert terms[("decode_batch_fixed_s", 1)]["bound_here"] == terms[("decode_batch_fixed_s", 1)]["bound_target"] == "memory"
+    assert terms[("decode_batch_fixed_s", 32)]["bound_here"] == "compute"
+    table = dict(model.decode_batch_fixed_s)
+    assert table[1] == pytest.approx(7e-3 / 1.5, rel=1e-12)
+    assert table[32] == pytest.approx(7e-2, rel=1e-12)
+    # batch 4 is compute-bound here; more bandwidth only lowers its memory time, so it keeps its time
+    assert terms[("decode_batch_fixed_s", 4)]["bound_target"] == "compute"
+    assert table[4] == pytest.approx(1.3e-2, rel=1e-12)
+
+
+def test_a_term_changing_bound_scales_by_the_ratio_of_the_two_roofline_times():
+    # 20x the FLOP rate, the same bandwidth: batch 32 was compute-bound and becomes memory-bound, so it
+    # gains less than the FLOP rate alone would say
+    model, terms = carried({"bandwidth_gbs": 100.0, "gflops": 2000.0})
+    term = terms[("decode_batch_fixed_s", 32)]
+    work = hardware.batch_work(GPT2, 32)
+    assert (term["bound_here"], term["bound_target"]) == ("compute", "memory")
+    expected = (work.bytes / 100e9) / (work.flops / 100e9)
+    assert 1 / 20 < expected < 1 and term["scale"] == pytest.approx(expected, rel=1e-12)
+    assert dict(model.decode_batch_fixed_s)[32] == pytest.approx(7e-2 * expected, rel=1e-12)
+
+
+def test_the_work_behind_each_term_comes_from_the_models_shape():
+    work = hardware.term_work(GPT2)
+    assert work["decode_fixed_s"] == hardware.Work(architecture.weight_bytes(GPT2), 0.0)
+    # keys and values of 12 layers of 768 float32 channels
+    assert work["decode_per_ctx_token_s"].bytes == 2 * 12 * 768 * 4
+    assert work["decode_per_seq_s"].flops == 2 * (architecture.weight_count(GPT2) - 1024 * 768)
+
+
+# -- the config ---------------------------------------------------------------------------------------
+
+def quick_config() -> dict:
+    return yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t[0].update(bandwidth_gbs=-5), "config error: hardware[0].bandwidth_gbs = -5: must be >= 0.1"),
+    (lambda t: t[1].update(gflops=float("nan")), "config error: hardware[1].gflops = nan: must be a finite number"),
+    (lambda t: t[1].update(gflops=1e12), "config error: hardware[1].gflops = 1000000000000.0: must be <= 10000000"),
+    (lambda t: t[0].pop("gflops"), "config error: hardware[0].gflops is missing (required)"),
+    (lambda t: t[0].update(name="../gpu"), "config error: hardware[0].name = '../gpu': must be 1 to 40 letters, "
+                                           "digits, '.', '_' or '-', starting with a letter or digit"),
+    (lambda t: t[1].update(name=t[0]["name"]), "config error: hardware[1].name = 'laptop-ryzen7-7840u': must differ "
+                                               "from every other target's name"),
+    (lambda t: t[0].update(description="a\nb"), "config error: hardware[0].description = 'a\\nb': must be one line "
+                                                "without control characters (newline, tab, ...)"),
+    (lambda t: t[0].update(price_per_hour="cheap"), "config error: hardware[0].price_per_hour = 'cheap': must be of "
+                                                    "type number"),
+])
+def test_a_bad_target_gets_one_clear_config_error(change, message):
+    config = quick_config()
+    change(config["hardware"])
+    with pytest.raises(ConfigError) as raised:
+        check(config)
+    assert str(raised.value) == message
+
+
+def test_both_shipped_configs_name_two_targets():
+    for path in ("config.yaml", "config/quick.yaml"):
+        config = yaml.safe_load((ROOT / path).read_text())
+        check(config)
+        assert len(config["hardware"]) == 2
+
+
+# -- the report ---------------------------------------------------------------------------------------
+
+HOSTILE_DESCRIPTION = "<b>big</b> *GPU* | `x`"
+
+
+@pytest.fixture(scope="module")
+def hardware_report(tmp_path_factory):
+    """A run rendered with two targets: one with this machine's own roofline (so its verdicts must be
+    this machine's) and the config's GPU, with a hostile description and its own price. Two
+    configurations instead of test_report's six keep it short."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(test_report, "POLICIES", ("static", "continuous_chunked"))
+        patch.setattr(test_report, "CAPS", (8,))
+        return render_with_targets(tmp_path_factory.mktemp("hardware"))
+
+
+def render_with_targets(root: Path) -> dict:
+    inputs, config = test_report.build_run(root / "inputs", "all_fail")
+    machine, cost = read_json(inputs["machine"]), CostModel.from_dict(read_json(inputs["costmodel"]))
+    here = hardware.here_roofline(machine)
+    gpu = copy.deepcopy(config["hardware"][1])
+    gpu.update(description=HOSTILE_DESCRIPTION, price_per_hour=0.5)
+    config["hardware"] = [{"name": "same-as-here", "bandwidth_gbs": here["bandwidth_gbs"], "gflops": here["gflops"]},
+                          gpu]
+    seeds = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
+    cells = [(p, c) for p in test_report.POLICIES for c in test_report.CAPS]
+    validation = read_json(inputs["validation_meta"])
+    verdicts = []
+    for target in config["hardware"]:
+        plan = hardware.target_plan(cost, machine, config["model"], target, cells, config["workload"], config["slo"],
+                                    config["sweep"], config["memory"], seeds, config["capacity"], config["cost"])
+        verdicts.append(hardware.target_verdicts(plan, target, machine, config["cost"], config["slo"],
+                                                 config["workload"], config["memory"], seeds, validation))
+    inputs["hardware"] = str(root / "inputs" / "hardware_verdicts.json")
+    write_json(inputs["hardware"], {"targets": verdicts})
+    out = root / "report"
+    logs = root / "logs"
+    logs.mkdir()
+    write_report(inputs, config, "abc123def456", "0123456789", out / "report.html", out / "report.md",
+                 out / "provenance.json", logs)
+    return {"html": (out / "report.html").read_text(), "md": (out / "report.md").read_text(),
+            "verdicts": verdicts, "recommendation": read_json(inputs["recommendation"])}
+
+
+def test_a_target_with_this_machines_roofline_gets_this_machines_verdicts(hardware_report):
+    same = hardware_report["verdicts"][0]["recommendation"]
+    here = hardware_report["recommendation"]
+    assert same["verdict"] == here["verdict"]
+    assert same["chosen"] == here["chosen"]
+
+
+def test_the_faster_target_serves_faster(hardware_report):
+    here, target = hardware_report["recommendation"], hardware_report["verdicts"][1]
+    gpu = target["recommendation"]
+    # every term gains at least the smaller of the two resources' ratios
+    least = min(target["bandwidth_gbs"] / target["here"]["bandwidth_gbs"], target["gflops"] / target["here"]["gflops"])
+    assert least > 1
+    assert gpu["prefill_floor"]["floor_ms"] <= here["prefill_floor"]["floor_ms"] / least * (1 + 1e-9)
+    assert gpu["price_per_hour"] == 0.5
+
+
+def md_section(md: str) -> str:
+    return md.split("## Other machines: an estimate from the roofline\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_html_and_markdown_give_each_targets_verdicts_as_a_roofline_estimate(hardware_report):
+    html, md = hardware_report["html"], hardware_report["md"]
+    assert re.findall(r"<h2>(.*?)</h2>", html).count("Other machines: an estimate from the roofline") == 1
+    section = md_section(md)
+    html_section = html.split('<section id="hardware">', 1)[1].split("</section>", 1)[0]
+    for target in hardware_report["verdicts"]:
+        expected = ["pass" if row["passed"] else "fail" for row in target["recommendation"]["verdict"]]
+        name = target["name"]
+        heading = f"{name}: an estimate from the roofline, not a measurement"
+        assert f"### {heading}" in section
+        assert f'<h3 id="hardware-{name}">{heading}</h3>' in html_section
+        md_part = section.split(f"### {heading}", 1)[1].split("### ", 1)[0]
+        rows = [line for line in md_part.splitlines() if re.match(r"\| (Latency|Capacity|Memory|Cost) \|", line)]
+        assert [row.rstrip(" |").rsplit("| ", 1)[1] for row in rows] == expected
+        html_part = html_section.split(heading, 1)[1].split("<h3", 1)[0]
+        assert re.findall(r'<td class="verdict (?:pass|fail)">(pass|fail)</td>', html_part) == expected
+        # every term with its bound and scale factor
+        assert md_part.count("× |") == len(target["terms"])
+    assert "an estimate from the roofline, not a measurement" in section.split("###", 1)[0]
+
+
+def test_free_text_of_a_target_is_escaped(hardware_report):
+    html, md = hardware_report["html"], hardware_report["md"]
+    assert "<b>big</b>" not in html and "&lt;b&gt;big&lt;/b&gt; *GPU* | `x`" in html
+    assert r"&lt;b&gt;big&lt;/b&gt; \*GPU\* \| \`x\`" in md_section(md)
+
+
+def test_the_section_leaks_no_undefined_value_or_code_name(hardware_report):
+    section = md_section(hardware_report["md"])
+    assert test_report.LEAKS.findall(test_report.visible_md_text(section)) == []
+    for line in test_report.prose_lines(section):
+        assert test_report.SNAKE_CASE.findall(line) == [], line[:200]
+        assert re.findall(r"[A-Za-z0-9)%]\.[A-Z]|[a-z]{2}\(", line) == [], line[:200]
+
+
+def test_a_target_too_slow_to_keep_up_is_planned_and_judged_through_its_json_file(tmp_path):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["workload"]["num_requests"] = 20
+    config["sweep"].update(seeds=1)
+    config["cost"]["max_replicas"] = 2
+    machine = test_report.machine_meta(COST)
+    slow = {"name": "slow", "bandwidth_gbs": 0.1, "gflops": 0.1}
+    plan = hardware.target_plan(COST, machine, config["model"], slow, [("continuous", 8)], config["workload"],
+                                config["slo"], config["sweep"], config["memory"], [0], config["capacity"], config["cost"])
+    write_json(tmp_path / "slow.json", plan)
+    judged = hardware.target_verdicts(read_json(tmp_path / "slow.json"), slow, machine, config["cost"], config["slo"],
+                                      config["workload"], config["memory"], [0], None)
+    rec = judged["recommendation"]
+    assert not rec["chosen"]["stable_today"] and rec["chosen"]["latency_ms"] is None
+    assert rec["missed"] == ["latency", "capacity", "cost"] and judged["price_given"] is False
+    assert "NaN" not in (tmp_path / "slow.json").read_text()
