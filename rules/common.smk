@@ -21,10 +21,16 @@ wildcard_constraints:
     cap=r"\d+",
 
 
+def repository_files(pattern):
+    """Files of the repository (the directory of the Snakefile), whatever directory snakemake runs in,
+    named relative to that directory: run from the repository they read `servingplan/...` as before."""
+    return sorted(os.path.relpath(f) for f in glob.glob(os.path.join(workflow.basedir, pattern)))
+
+
 def sources(*patterns):
     """Package sources a rule's results depend on: editing them reruns the rule (Snakemake does not
     follow imports by itself)."""
-    return sorted(f for p in patterns for f in glob.glob(f"servingplan/{p}"))
+    return sorted(f for p in patterns for f in repository_files(f"servingplan/{p}"))
 
 
 SIM_SOURCES = sources("sim/*.py", "costmodel.py", "workload.py", "metrics.py", "capacity.py", "io.py",

@@ -22,7 +22,7 @@ rule report:
         validation=rules.validate.output.summary,
         validation_requests=rules.validate.output.requests,
         validation_meta=rules.validate.output.meta,
-        templates=glob.glob("reports/templates/*.j2"),
+        templates=repository_files("reports/templates/*.j2"),
         code=sources("report/*.py"),
     output:
         html="results/report/report.html",
