@@ -40,9 +40,14 @@ class Trace:
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 
+    @property
+    def mean_rate_rps(self) -> float | None:
+        """Requests per second over the span of the arrivals (None when they all arrive at once)."""
+        return len(self) / self.duration_s if self.duration_s > 0 else None
+
     def with_rate(self, rate: float) -> "Trace":
         """The same requests with arrival gaps rescaled to another mean rate."""
-        current = len(self) / self.duration_s if self.duration_s > 0 else rate
+        current = self.mean_rate_rps or rate
         return Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
 
 

@@ -111,7 +111,10 @@ def test_cli_trace_misuse_gives_one_line(tmp_path, capsys, argv, match):
 
 def test_config_takes_a_trace_and_generate_replays_it(azure_csv):
     config = yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())
-    config["workload"]["trace"] = {"path": str(azure_csv), "layout": "azure", "rate": 2.0}
+    # the pipeline replays a trace at workload.rate: a trace rate must equal it; the 879-token prompt
+    # needs more than quick.yaml's 768-token max_context
+    config["workload"]["trace"] = {"path": str(azure_csv), "layout": "azure", "rate": config["workload"]["rate"]}
+    config["memory"]["max_context"] = 1024
     config_module.check(config)
     first, other = workload.generate(config["workload"], 0), workload.generate(config["workload"], 5)
     assert np.array_equal(first.arrival_s, other.arrival_s) and first.prompt_tokens.tolist() == [374, 396, 879]
