@@ -6,6 +6,7 @@ rule fleet_cell:
     input:
         costmodel=rules.fit.output.costmodel,
         machine=rules.profile.output.machine,
+        trace=TRACE_FILE,
         code=SIM_SOURCES + sources("planner.py"),
     output:
         "results/fleet/cells/{policy}_cap{cap}.json",
@@ -58,7 +59,8 @@ rule recommend:
         # the engine's measured serving memory judges the memory target (validate.smk is included after
         # this file, so its output is named by path)
         validation="results/validation/validation.json",
-        code=sources("money.py", "planner.py", "seeds.py"),
+        trace=TRACE_FILE,
+        code=sources("money.py", "planner.py", "seeds.py", "workload.py"),
     output:
         "results/plan/recommendation.json",
     params:

@@ -22,6 +22,8 @@ rule report:
         validation=rules.validate.output.summary,
         validation_requests=rules.validate.output.requests,
         validation_meta=rules.validate.output.meta,
+        workload=rules.workload.output[0],
+        trace=TRACE_FILE,
         templates=repository_files("reports/templates/*.j2"),
         code=sources("report/*.py"),
     output:

@@ -10,6 +10,7 @@ rule validate:
     input:
         costmodel=rules.fit.output.costmodel,
         machine=rules.profile.output.machine,
+        trace=TRACE_FILE,
         code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py"),
     output:
         summary="results/validation/comparison.csv",

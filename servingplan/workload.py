@@ -298,6 +298,38 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
     return LoadedTrace(trace, rows, skipped, layout)
 
 
+def token_statistics(tokens: np.ndarray) -> dict:
+    """Count, total, mean, the linear percentiles the report quotes, and the range of token counts."""
+    return {"total": int(tokens.sum()), "mean": float(tokens.mean()), "p50": float(np.percentile(tokens, 50)),
+            "p90": float(np.percentile(tokens, 90)), "p99": float(np.percentile(tokens, 99)),
+            "min": int(tokens.min()), "max": int(tokens.max())}
+
+
+def describe(spec: dict) -> dict:
+    """What a workload spec with a trace file replays: the file as read (its layout and columns, rows
+    read and rows skipped for 0 tokens, its own time span and mean rate) and how the pipeline replays it
+    (at spec["rate"] as today's load: every arrival gap scaled by the file's rate over that rate).
+    A spec without a trace draws Poisson traffic, described by the spec itself."""
+    if not spec.get("trace"):
+        return {"kind": "poisson", "num_requests": int(spec["num_requests"]), "rate_rps": float(spec["rate"])}
+    settings = spec["trace"]
+    # the file's own arrivals, before any rescaling, are what its span and rate describe
+    loaded = load_trace(**{key: value for key, value in settings.items() if key != "rate"})
+    trace, layout = loaded.trace, settings.get("layout", "servingplan")
+    mapping = {**TRACE_LAYOUTS[layout], **settings.get("columns", {}),
+               **({"timestamps": settings["timestamps"]} if settings.get("timestamps") else {})}
+    file_rate = trace.mean_rate_rps
+    replay_rate = float(spec["rate"])
+    return {
+        "kind": "trace", "file": Path(settings["path"]).name, "layout": layout, "columns": mapping,
+        "rows": loaded.rows, "skipped_zero_tokens": loaded.skipped_zero_tokens, "requests": len(trace),
+        "span_s": trace.duration_s, "file_rate_rps": file_rate, "replay_rate_rps": replay_rate,
+        "gap_scale": None if file_rate is None else file_rate / replay_rate,
+        "replayed_span_s": len(trace) / replay_rate,
+        "prompt_tokens": token_statistics(trace.prompt_tokens), "output_tokens": token_statistics(trace.output_tokens),
+    }
+
+
 # The capstone: 600 requests at 6/s. The source gives prompt lengths only as a range, so they are
 # uniform over it; replies are lognormal clipped to 8..256 with the mean the source's total implies
 # (48,136 tokens / 600 = 80.2 per reply; a uniform 8..256 would give ~79,000 tokens).

@@ -217,4 +217,19 @@ def test_the_pipeline_sizes_the_service_for_a_trace_file(tmp_path, layout, name)
     snakemake(workdir, configfile="config/trace.yaml")
     latency = pd.read_csv(workdir / "results/sweep/latency.csv")
     assert (latency["num_requests"] == requests).all()
-    assert (workdir / "results/report/report.md").stat().st_size > 0
+    described = json.loads((workdir / "results/workload/workload.json").read_text())
+    assert (described["file"], described["rows"], described["requests"]) == (name, 150, requests)
+    assert described["skipped_zero_tokens"] == 150 - requests
+    # the report describes the trace it was given, not the synthetic spec
+    report = " ".join((workdir / "results/report/report.md").read_text().split())
+    assert f"The workload is the trace file {name}, read in the {layout} layout" in report
+    assert f"Of its 150 rows, {150 - requests} asked for 0 prompt or 0 reply tokens" in report
+    assert f"leaving {requests} requests over" in report
+    assert "Poisson process" not in report.split("## The workload")[1].split("## Simulation")[0]
+    # the file is an input: editing it reruns every stage that reads it, and nothing that does not
+    with (workdir / name).open("a") as handle:
+        handle.write((workdir / name).read_text().splitlines()[-1] + "\n")
+    rules = planned_rules(workdir, configfile="config/trace.yaml")
+    assert {"workload", "sweep_cell", "chunk_cell", "capacity_cell", "fleet_cell", "validate", "recommend",
+            "report"} <= rules
+    assert not {"profile", "fit", "exercise2"} & rules

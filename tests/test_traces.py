@@ -131,3 +131,28 @@ def test_config_refuses_a_bad_trace_before_any_work(tmp_path):
     wrong["workload"]["trace"]["layout"] = "sharegpt"
     with pytest.raises(ConfigError, match="workload.trace.layout = 'sharegpt'"):
         config_module.check(wrong)
+
+
+def test_describe_reports_the_file_as_read_and_as_replayed(azure_csv):
+    described = workload.describe({"num_requests": 120, "rate": 2.0, "trace": {"path": str(azure_csv),
+                                                                            "layout": "azure"}})
+    assert {k: described[k] for k in ("kind", "file", "layout", "rows", "skipped_zero_tokens", "requests")} == {
+        "kind": "trace", "file": "azure.csv", "layout": "azure", "rows": 4, "skipped_zero_tokens": 1, "requests": 3}
+    assert described["columns"] == {"arrival": "TIMESTAMP", "prompt_tokens": "ContextTokens",
+                                    "output_tokens": "GeneratedTokens", "timestamps": "datetime"}
+    assert described["span_s"] == pytest.approx(5.81941, abs=1e-6)
+    assert described["file_rate_rps"] == pytest.approx(3 / 5.81941, rel=1e-6)
+    assert described["gap_scale"] == pytest.approx(3 / 5.81941 / 2.0, rel=1e-6)
+    assert described["replayed_span_s"] == pytest.approx(1.5)
+    assert described["prompt_tokens"] == {"total": 1649, "mean": pytest.approx(1649 / 3), "p50": 396.0,
+                                          "p90": pytest.approx(782.4), "p99": pytest.approx(869.34), "min": 374,
+                                          "max": 879}
+    assert described["output_tokens"]["max"] == 109 and described["output_tokens"]["total"] == 173
+
+
+def test_describe_gives_the_files_own_span_when_the_trace_is_rescaled(azure_csv):
+    described = workload.describe({"num_requests": 120, "rate": 2.0, "trace": {"path": str(azure_csv),
+                                                                            "layout": "azure", "rate": 2.0}})
+    assert described["span_s"] == pytest.approx(5.81941, abs=1e-6)
+    assert workload.describe({"num_requests": 120, "rate": 2.0, "prompt": {}, "output": {}}) == {
+        "kind": "poisson", "num_requests": 120, "rate_rps": 2.0}
