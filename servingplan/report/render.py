@@ -317,6 +317,7 @@ def workload_section(config: dict, traces, rec: dict, described: dict | None) ->
     source = config["reference"]
     source_per_reply = source["output_tokens"] / source["requests"]
     return {
+        "trace": None,
         "spec": workload,
         "seeds": len(traces),
         "num_requests": n,
