@@ -9,6 +9,9 @@
 import os
 
 configfile: os.path.join(workflow.basedir, "config.yaml")
+# `snakemake --report results/snakemake_report.html`: the outputs marked report() in rules/, with
+# their captions from reports/captions/
+report: "reports/captions/workflow.rst"
 
 
 include: "rules/common.smk"

@@ -32,7 +32,7 @@ rule memory:
         latency=rules.collect.output.latency,
         code=sources("memory.py"),
     output:
-        table="results/plan/memory.csv",
+        table=report("results/plan/memory.csv", caption="../reports/captions/memory.rst", category="Plan"),
         summary="results/plan/memory.json",
     params:
         memory=config["memory"],
@@ -62,7 +62,8 @@ rule recommend:
         trace=TRACE_FILE,
         code=sources("money.py", "planner.py", "seeds.py", "workload.py"),
     output:
-        "results/plan/recommendation.json",
+        report("results/plan/recommendation.json", caption="../reports/captions/recommendation.rst",
+               category="Recommendation"),
     params:
         cost=config["cost"],
         slo=config["slo"],
@@ -82,7 +83,8 @@ rule exercise2:
     input:
         code=SIM_SOURCES + sources("exercise2.py"),
     output:
-        answers="results/exercise2/answers.json",
+        answers=report("results/exercise2/answers.json", caption="../reports/captions/exercise2.rst",
+                       category="Exercise 2"),
         cap_sweep="results/exercise2/cap_sweep.csv",
         chunk_sweep="results/exercise2/chunk_sweep.csv",
         curve="results/exercise2/curve.csv",

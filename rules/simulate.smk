@@ -15,7 +15,7 @@ rule workload:
         trace=TRACE_FILE,
         code=sources("workload.py", "io.py", "pipeline.py"),
     output:
-        "results/workload/workload.json",
+        report("results/workload/workload.json", caption="../reports/captions/workload.rst", category="Workload"),
     params:
         workload=config["workload"],
     threads: 1
@@ -102,9 +102,10 @@ rule collect:
         chunks=expand("results/sweep/chunks/cap{cap}.csv", cap=config["sweep"]["caps"]),
         code=sources("pipeline.py", "io.py"),
     output:
-        latency="results/sweep/latency.csv",
+        latency=report("results/sweep/latency.csv", caption="../reports/captions/latency.rst", category="Simulation"),
         chunks="results/sweep/chunk_sweep.csv",
-        capacity="results/capacity/capacity.csv",
+        capacity=report("results/capacity/capacity.csv", caption="../reports/captions/capacity.rst",
+                        category="Simulation"),
     threads: 1
     resources:
         mem_mb=1000,

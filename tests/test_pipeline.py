@@ -93,6 +93,19 @@ def test_noop_rerun_does_nothing(pipeline):
     assert planned_rules(pipeline) == set()
 
 
+def test_snakemake_report_shows_the_key_outputs_with_their_captions(pipeline):
+    # snakemake's own HTML report is pure Python (no system package), so nothing here is skipped
+    snakemake(pipeline, "--report", "results/snakemake_report.html")
+    page = (pipeline / "results/snakemake_report.html").read_text()
+    for name in ("report.html", "report.md", "recommendation.json", "latency.csv", "capacity.csv", "memory.csv",
+                 "costmodel.json", "predicted_vs_measured.csv", "comparison.csv", "answers.json", "workload.json",
+                 "workload.png", "ttft_vs_rate.png"):
+        assert name in page, name
+    for caption in sorted((ROOT / "reports" / "captions").glob("*.rst")):
+        first_line = caption.read_text().splitlines()[0]
+        assert first_line in page, caption.name
+
+
 def test_price_change_reruns_only_recommend_and_report(pipeline):
     config = yaml.safe_load((pipeline / QUICK).read_text())
     config["cost"]["price_per_hour"] = 2.5
