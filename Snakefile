@@ -1,6 +1,17 @@
 # servingplan: profile GPT-2 small on this machine, fit a step-time model, simulate serving policies,
 # plan capacity, memory and cost, validate against a real engine, and render the capstone report.
-configfile: "config.yaml"
+#
+# Paths: the repository's own files (this Snakefile's config.yaml, rules/, scripts/, schemas/, the
+# report templates, the package sources every rule depends on) are found from workflow.basedir, so
+# `snakemake -s <repo>/Snakefile` works from any directory. What the user names (--configfile,
+# workload.trace.path, model.source) is relative to the working directory, as are results/ and logs:
+# the directory snakemake runs in (the current one, or --directory).
+import os
+
+configfile: os.path.join(workflow.basedir, "config.yaml")
+# `snakemake --report results/snakemake_report.html`: the outputs marked report() in rules/, with
+# their captions from reports/captions/
+report: "reports/captions/workflow.rst"
 
 
 include: "rules/common.smk"

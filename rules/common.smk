@@ -29,12 +29,21 @@ wildcard_constraints:
     cap=r"\d+",
 
 
+def repository_files(pattern):
+    """Files of the repository (the directory of the Snakefile), whatever directory snakemake runs in,
+    named relative to that directory: run from the repository they read `servingplan/...` as before."""
+    return sorted(os.path.relpath(f) for f in glob.glob(os.path.join(workflow.basedir, pattern)))
+
+
 def sources(*patterns):
     """Package sources a rule's results depend on: editing them reruns the rule (Snakemake does not
     follow imports by itself)."""
-    return sorted(f for p in patterns for f in glob.glob(f"servingplan/{p}"))
+    return sorted(f for p in patterns for f in repository_files(f"servingplan/{p}"))
 
 
+# A trace file is an input of every rule that reads it: editing the file reruns them. Its path, like
+# every path the user names, is relative to the directory snakemake runs in.
+TRACE_FILE = [config["workload"]["trace"]["path"]] if config["workload"].get("trace") else []
 SIM_SOURCES = sources("sim/*.py", "costmodel.py", "workload.py", "metrics.py", "capacity.py", "io.py",
                       "pipeline.py")
 CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]

@@ -7,9 +7,11 @@ if PROFILED:
             machine=rules.profile.output.machine,
             code=sources("profiling/fit.py", "costmodel.py"),
         output:
-            costmodel="results/fit/costmodel.json",
+            costmodel=report("results/fit/costmodel.json", caption="../reports/captions/costmodel.rst",
+                             category="Cost model"),
             report="results/fit/fit_report.json",
-            predicted="results/fit/predicted_vs_measured.csv",
+            predicted=report("results/fit/predicted_vs_measured.csv", caption="../reports/captions/predicted.rst",
+                             category="Cost model"),
         params:
             fit=config["fit"],
             seed=config["seed"],
@@ -29,7 +31,8 @@ else:
             costmodel=COSTMODEL_SOURCE,
             code=sources("costmodel.py", "architecture.py"),
         output:
-            costmodel="results/fit/costmodel.json",
+            costmodel=report("results/fit/costmodel.json", caption="../reports/captions/costmodel.rst",
+                             category="Cost model"),
             sizes="results/fit/model_sizes.json",
         params:
             model=config["model"],

@@ -6,6 +6,7 @@ rule fleet_cell:
     input:
         costmodel=COSTMODEL,
         machine=MACHINE_JSON,
+        trace=TRACE_FILE,
         code=SIM_SOURCES + sources("planner.py"),
     output:
         "results/fleet/cells/{policy}_cap{cap}.json",
@@ -62,7 +63,7 @@ rule memory:
         latency=rules.collect.output.latency,
         code=sources("memory.py"),
     output:
-        table="results/plan/memory.csv",
+        table=report("results/plan/memory.csv", caption="../reports/captions/memory.rst", category="Plan"),
         summary="results/plan/memory.json",
     params:
         memory=config["memory"],
@@ -90,9 +91,11 @@ rule recommend:
         # this file, so its output is named by path); an imported cost model has no validation
         **({"validation": "results/validation/validation.json"} if PROFILED else {}),
         hardware=expand("results/plan/hardware/{target}.json", target=HARDWARE),
-        code=sources("money.py", "planner.py", "seeds.py", "hardware.py"),
+        trace=TRACE_FILE,
+        code=sources("money.py", "planner.py", "seeds.py", "hardware.py", "workload.py"),
     output:
-        "results/plan/recommendation.json",
+        report("results/plan/recommendation.json", caption="../reports/captions/recommendation.rst",
+               category="Recommendation"),
         # each target machine's verdicts: they depend on the price, so they are decided here
         hardware="results/plan/hardware_verdicts.json",
     params:
@@ -116,7 +119,8 @@ rule exercise2:
     input:
         code=SIM_SOURCES + sources("exercise2.py"),
     output:
-        answers="results/exercise2/answers.json",
+        answers=report("results/exercise2/answers.json", caption="../reports/captions/exercise2.rst",
+                       category="Exercise 2"),
         cap_sweep="results/exercise2/cap_sweep.csv",
         chunk_sweep="results/exercise2/chunk_sweep.csv",
         curve="results/exercise2/curve.csv",

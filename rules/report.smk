@@ -29,11 +29,16 @@ rule report:
         ex2_caps=rules.exercise2.output.cap_sweep,
         ex2_chunks=rules.exercise2.output.chunk_sweep,
         ex2_curve=rules.exercise2.output.curve,
-        templates=glob.glob("reports/templates/*.j2"),
+        workload=rules.workload.output[0],
+        trace=TRACE_FILE,
+        templates=repository_files("reports/templates/*.j2"),
         code=sources("report/*.py"),
     output:
-        html="results/report/report.html",
-        md="results/report/report.md",
+        html=report("results/report/report.html", caption="../reports/captions/report_html.rst", category="Report"),
+        md=report("results/report/report.md", caption="../reports/captions/report_md.rst", category="Report"),
+        # the PNGs the Markdown links (the HTML embeds them)
+        figures=report(directory("results/report/figures"), patterns=["{name}.png"],
+                       caption="../reports/captions/figures.rst", category="Figures"),
         provenance="results/report/provenance.json",
     params:
         config=config,

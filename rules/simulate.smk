@@ -9,10 +9,30 @@ SIM_PARAMS = dict(
 )
 
 
+rule workload:
+    """What the simulations replay, described for the report: a trace file as read and as replayed."""
+    input:
+        trace=TRACE_FILE,
+        code=sources("workload.py", "io.py", "pipeline.py"),
+    output:
+        report("results/workload/workload.json", caption="../reports/captions/workload.rst", category="Workload"),
+    params:
+        workload=config["workload"],
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "results/logs/workload.log",
+    script:
+        "../scripts/workload.py"
+
+
 rule sweep_cell:
     input:
         costmodel=COSTMODEL,
         machine=MACHINE_JSON,
+        trace=TRACE_FILE,
         code=SIM_SOURCES,
     output:
         "results/sweep/cells/{policy}_cap{cap}.csv",
@@ -34,6 +54,7 @@ rule chunk_cell:
     input:
         costmodel=COSTMODEL,
         machine=MACHINE_JSON,
+        trace=TRACE_FILE,
         code=SIM_SOURCES + sources("planner.py"),
     output:
         "results/sweep/chunks/cap{cap}.csv",
@@ -55,6 +76,7 @@ rule capacity_cell:
     input:
         costmodel=COSTMODEL,
         machine=MACHINE_JSON,
+        trace=TRACE_FILE,
         code=SIM_SOURCES,
     output:
         "results/capacity/cells/{policy}_cap{cap}.json",
@@ -80,9 +102,10 @@ rule collect:
         chunks=expand("results/sweep/chunks/cap{cap}.csv", cap=config["sweep"]["caps"]),
         code=sources("pipeline.py", "io.py", "planner.py"),
     output:
-        latency="results/sweep/latency.csv",
+        latency=report("results/sweep/latency.csv", caption="../reports/captions/latency.rst", category="Simulation"),
         chunks="results/sweep/chunk_sweep.csv",
-        capacity="results/capacity/capacity.csv",
+        capacity=report("results/capacity/capacity.csv", caption="../reports/captions/capacity.rst",
+                        category="Simulation"),
     threads: 1
     resources:
         mem_mb=1000,

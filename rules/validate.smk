@@ -11,9 +11,11 @@ rule validate:
     input:
         costmodel=COSTMODEL,
         machine=rules.profile.output.machine,
+        trace=TRACE_FILE,
         code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py"),
     output:
-        summary="results/validation/comparison.csv",
+        summary=report("results/validation/comparison.csv", caption="../reports/captions/validation.rst",
+                       category="Validation"),
         requests="results/validation/requests.csv",
         steps="results/validation/steps.csv",
         steps_by_batch="results/validation/steps_by_batch.csv",

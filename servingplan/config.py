@@ -13,7 +13,7 @@ import psutil
 import yaml
 
 from servingplan import architecture
-from servingplan.memory import GB, reserved_tokens_per_seq
+from servingplan.memory import GB, largest_cap, reserved_tokens_per_seq
 from servingplan.sim.policies import CHUNK_BUDGETS, POLICIES, chunk_budget, chunks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,8 +112,9 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / GB:.4g} GB"
 
 
-def _check_sizes(config: dict) -> None:
-    """What the model's shape rules out, known before anything is loaded or profiled."""
+def _check_sizes(config: dict) -> list[str]:
+    """What the model's shape rules out, known before anything is loaded or profiled (and a warning
+    for what it makes doubtful)."""
     model = config["model"]
     try:
         arch = architecture.architecture(model)
@@ -154,10 +155,17 @@ def _check_sizes(config: dict) -> None:
             f"config error: profile.decode_batches = {profile['decode_batches']}: its largest point "
             f"(batch {max(profile['decode_batches'])} at context {max(profile['decode_contexts'])}) needs "
             f"{_gb(weights + largest_decode)} of memory; this machine has {_gb(available)}")
+    in_budget = largest_cap(mem["budget_gb"] * GB, weights, kv_per_token, mem["max_context"], mem["block_size"])
+    if validation["cap"] > in_budget:
+        return [f"config warning: validation.cap = {validation['cap']}: memory.budget_gb = {mem['budget_gb']} "
+                f"reserves memory.max_context for only {in_budget} sequences beside the weights, so the validated "
+                "replay can run out of KV blocks and preempt where a cap that fits would not"]
+    return []
 
 
-def check(config: dict) -> None:
-    """Raise ConfigError with one line for the first bad value."""
+def check(config: dict) -> list[str]:
+    """Raise ConfigError with one line for the first bad value; return one line for each setting that
+    is allowed but probably not what was meant."""
     if not isinstance(config, dict):
         raise ConfigError(f"config error: (top level) = {config!r}: must be a mapping of sections")
     found = _non_finite(config)
@@ -182,15 +190,19 @@ def check(config: dict) -> None:
         raise ConfigError(f"config error: memory.max_context = {config['memory']['max_context']}: must cover "
                           f"the longest prompt + reply ({longest})")
     source = config["model"]["source"]
+    if config["model"].get("tiny", False) and source != "random":
+        raise ConfigError(f"config error: model.tiny = true with model.source = {source!r}: the tiny model is a "
+                          "random 2-layer GPT-2, so model.source must be 'random' (or drop model.tiny)")
     if source != "random" and not (Path(source) / "config.json").is_file():
         raise ConfigError(f"config error: model.source = {source!r}: must be 'random' or a local directory "
                           "holding a transformers checkpoint (config.json + weights)")
-    _check_sizes(config)
+    warnings = _check_sizes(config)
     _check_step_budget(config)
-    _check_trace(config["workload"].get("trace"), config["memory"]["max_context"])
+    warnings += _check_trace(config)
     _check_costmodel(config.get("costmodel"))
     _check_device(config["model"].get("device", "cpu"))
     _check_hardware(config.get("hardware", []), costmodel_source(config))
+    return warnings
 
 
 def _check_hardware(targets: list[dict], costmodel: str) -> None:
@@ -258,11 +270,13 @@ def _check_step_budget(config: dict) -> None:
                               "for prompt tokens")
 
 
-def _check_trace(trace: dict | None, reserved_context: int) -> None:
-    """A trace file is read once here, so a bad row or a request longer than the context each
-    sequence is reserved stops the run before any work."""
+def _check_trace(config: dict) -> list[str]:
+    """A trace file is read once here, so a bad row, or a request longer than the context each sequence
+    is reserved (unless the trace says to skip or clip it), stops the run before any work."""
+    trace, workload = config["workload"].get("trace"), config["workload"]
     if trace is None:
-        return
+        return []
+    reserved_context = config["memory"]["max_context"]
     limit = trace.get("max_context", reserved_context)
     if limit > reserved_context:
         raise ConfigError(f"config error: workload.trace.max_context = {limit}: must be <= memory.max_context "
@@ -270,6 +284,11 @@ def _check_trace(trace: dict | None, reserved_context: int) -> None:
     if trace.get("too_long", "refuse") != "refuse" and "max_context" not in trace:
         raise ConfigError(f"config error: workload.trace.too_long = {trace['too_long']!r}: needs "
                           "workload.trace.max_context, the context requests are fitted to")
+    # the sweep, the capacity search and the validation all rescale the trace to their own rates, with
+    # workload.rate as today's load, so a rate of the trace's own could only contradict it
+    if "rate" in trace and not math.isclose(trace["rate"], workload["rate"], rel_tol=1e-9):
+        raise ConfigError(f"config error: workload.trace.rate = {trace['rate']}: the pipeline replays the trace at "
+                          f"workload.rate ({workload['rate']}) as today's load, so it must equal that or be left out")
     # imported here: numpy and pandas would slow every snakemake start that has no trace
     from servingplan.workload import load_trace
     try:
@@ -277,33 +296,49 @@ def _check_trace(trace: dict | None, reserved_context: int) -> None:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"config error: workload.trace.path = {trace['path']!r}: {' '.join(str(exc).split())}")
     if len(loaded.trace) < 2:
+        dropped = f"{loaded.skipped_zero_tokens} rows with 0 tokens"
+        if loaded.too_long == "skip":
+            dropped += f" and {loaded.too_long_requests} requests longer than the context"
         raise ConfigError(f"config error: workload.trace.path = {trace['path']!r}: {len(loaded.trace)} requests "
-                          f"after skipping {loaded.skipped_zero_tokens} rows with 0 tokens; needs at least 2")
+                          f"after skipping {dropped}; needs at least 2")
+    own_rate = loaded.trace.mean_rate_rps
+    if own_rate is not None and not math.isclose(own_rate, workload["rate"], rel_tol=0.01):
+        return [f"config warning: workload.trace.path = {trace['path']!r} arrives at {own_rate:.4g} req/s on "
+                f"average; the pipeline replays it at workload.rate ({workload['rate']:g} req/s) as today's load"]
+    return []
+
+
+def read(path) -> dict:
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config error: {path}: cannot be read as YAML ({str(exc).splitlines()[0]})")
 
 
 def load(path) -> dict:
-    path = Path(path)
-    try:
-        config = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config error: {path}: cannot be read as YAML ({str(exc).splitlines()[0]})")
+    config = read(path)
     check(config)
     return config
 
 
 def check_or_exit(config: dict) -> None:
-    """For entry points: print the one-line reason and exit 2 instead of a traceback."""
+    """For entry points: print the one-line reason and exit 2 instead of a traceback; print each
+    warning on its own line and go on."""
     try:
-        check(config)
+        warnings = check(config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2)
+    for line in warnings:
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":
     try:
-        load(sys.argv[1] if len(sys.argv) > 1 else ROOT / "config.yaml")
+        config = read(sys.argv[1] if len(sys.argv) > 1 else ROOT / "config.yaml")
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2)
+    check_or_exit(config)
     print("config ok")

@@ -40,9 +40,14 @@ class Trace:
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 
+    @property
+    def mean_rate_rps(self) -> float | None:
+        """Requests per second over the span of the arrivals (None when they all arrive at once)."""
+        return len(self) / self.duration_s if self.duration_s > 0 else None
+
     def with_rate(self, rate: float) -> "Trace":
         """The same requests with arrival gaps rescaled to another mean rate."""
-        current = len(self) / self.duration_s if self.duration_s > 0 else rate
+        current = self.mean_rate_rps or rate
         return Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
 
 
@@ -206,22 +211,26 @@ class LoadedTrace:
     too_long_requests: int = 0
 
 
-def _fit_context(prompts: np.ndarray, outputs: np.ndarray, max_context: int, too_long: str, path):
+def _fit_context(prompts: np.ndarray, outputs: np.ndarray, max_context: int | None, too_long: str,
+                 requests: int | None, path):
     """Prompts and replies made to fit `max_context` tokens (prompt + reply) by the `too_long` policy,
-    the mask of requests kept and how many were too long. `clip` keeps the reply (at most half the
-    context) and drops the prompt's oldest tokens, as a chat front end drops old turns."""
+    the mask of requests kept (the first `requests` of those the policy lets through) and how many of
+    the rows considered were too long; a row after the last one kept is never replayed, so it is
+    neither refused nor counted. `clip` keeps the reply (at most half the context) and drops the
+    prompt's oldest tokens, as a chat front end drops old turns."""
     if too_long not in TOO_LONG_POLICIES:
         raise ValueError(f"trace too_long {too_long!r}: allowed {', '.join(TOO_LONG_POLICIES)}")
-    over = prompts + outputs > max_context
+    over = (prompts + outputs > max_context) if max_context is not None else np.zeros(len(prompts), dtype=bool)
+    keep = ~over if too_long == "skip" else np.ones(len(prompts), dtype=bool)
+    if requests is not None:
+        considered = np.cumsum(keep) - keep < requests
+        keep, over = keep & considered, over & considered
     count = int(over.sum())
-    keep = np.ones(len(prompts), dtype=bool)
     if count and too_long == "refuse":
-        longest = int((prompts + outputs).max())
-        raise ValueError(f"trace {path}: {count} of {len(prompts)} requests need more than {max_context} tokens "
+        longest = int((prompts + outputs)[over].max())
+        raise ValueError(f"trace {path}: {count} of {int(keep.sum())} requests need more than {max_context} tokens "
                          f"(prompt + reply; the longest {longest}); set too_long to skip or clip them")
-    if too_long == "skip":
-        keep = ~over
-    elif too_long == "clip":
+    if too_long == "clip":
         outputs = np.where(over, np.minimum(outputs, max_context // 2), outputs)
         prompts = np.where(over, np.minimum(prompts, max_context - outputs), prompts)
     return prompts, outputs, keep, count
@@ -317,13 +326,9 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
     arrival_s = arrival_s[order]
     prompt_tokens = np.asarray(prompts, dtype=np.int64)[order]
     output_tokens = np.asarray(outputs, dtype=np.int64)[order]
-    too_long_requests = 0
-    if max_context is not None:
-        prompt_tokens, output_tokens, keep, too_long_requests = _fit_context(prompt_tokens, output_tokens,
-                                                                             max_context, too_long, path)
-        arrival_s, prompt_tokens, output_tokens = arrival_s[keep], prompt_tokens[keep], output_tokens[keep]
-    if requests is not None:
-        arrival_s, prompt_tokens, output_tokens = arrival_s[:requests], prompt_tokens[:requests], output_tokens[:requests]
+    prompt_tokens, output_tokens, keep, too_long_requests = _fit_context(prompt_tokens, output_tokens, max_context,
+                                                                         too_long, requests, path)
+    arrival_s, prompt_tokens, output_tokens = arrival_s[keep], prompt_tokens[keep], output_tokens[keep]
     arrival_s = arrival_s - (arrival_s.min() if len(arrival_s) else 0.0)
     trace = Trace(arrival_s, prompt_tokens, output_tokens)
     if rate is not None:
@@ -331,6 +336,45 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
             raise ValueError(f"trace {path}: every request arrives at once, so it cannot be rescaled to rate {rate:g}")
         trace = trace.with_rate(rate)
     return LoadedTrace(trace, rows, skipped, layout, too_long, too_long_requests)
+
+
+def token_statistics(tokens: np.ndarray) -> dict:
+    """Count, total, mean, the linear percentiles the report quotes, and the range of token counts."""
+    return {"total": int(tokens.sum()), "mean": float(tokens.mean()), "p50": float(np.percentile(tokens, 50)),
+            "p90": float(np.percentile(tokens, 90)), "p99": float(np.percentile(tokens, 99)),
+            "min": int(tokens.min()), "max": int(tokens.max())}
+
+
+def describe(spec: dict) -> dict:
+    """What a workload spec with a trace file replays: the file as read (its layout and columns, rows
+    read and rows skipped for 0 tokens, its own time span and mean rate) and how the pipeline replays it
+    (at spec["rate"] as today's load: every arrival gap scaled by the file's rate over that rate).
+    Requests longer than the context are counted by the trace's too_long policy, among the rows up to
+    the last one replayed. A spec without a trace draws Poisson traffic, described by the spec itself."""
+    if not spec.get("trace"):
+        return {"kind": "poisson", "num_requests": int(spec["num_requests"]), "rate_rps": float(spec["rate"])}
+    settings = spec["trace"]
+    # the file's own arrivals, before any rescaling, are what its span and rate describe
+    loaded = load_trace(**{key: value for key, value in settings.items() if key != "rate"})
+    trace, layout = loaded.trace, settings.get("layout", "servingplan")
+    mapping = {**TRACE_LAYOUTS[layout], **settings.get("columns", {}),
+               **({"timestamps": settings["timestamps"]} if settings.get("timestamps") else {})}
+    file_rate = trace.mean_rate_rps
+    replay_rate = float(spec["rate"])
+    gap_scale = None if file_rate is None else file_rate / replay_rate
+    return {
+        "kind": "trace", "file": Path(settings["path"]).name, "layout": layout, "columns": mapping,
+        "rows": loaded.rows, "skipped_zero_tokens": loaded.skipped_zero_tokens,
+        "too_long": loaded.too_long, "too_long_requests": loaded.too_long_requests,
+        "max_context": settings.get("max_context"), "first_requests": settings.get("requests"),
+        "requests": len(trace),
+        "span_s": trace.duration_s, "file_rate_rps": file_rate, "replay_rate_rps": replay_rate,
+        "gap_scale": gap_scale,
+        # within 0.1% the gaps are the logged ones: the report says so instead of quoting a factor of 1
+        "replayed_as_logged": gap_scale is not None and abs(gap_scale - 1) < 1e-3,
+        "replayed_span_s": len(trace) / replay_rate,
+        "prompt_tokens": token_statistics(trace.prompt_tokens), "output_tokens": token_statistics(trace.output_tokens),
+    }
 
 
 # The capstone: 600 requests at 6/s. The source gives prompt lengths only as a range, so they are

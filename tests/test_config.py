@@ -40,6 +40,9 @@ def test_shipped_configs_are_valid():
     (lambda c: c["capacity"].__setitem__("rate_min", 100), "config error: capacity.rate_min = 100: must be <"),
     (lambda c: c["memory"].__setitem__("max_context", 512), "config error: memory.max_context = 512: must cover"),
     (lambda c: c["model"].__setitem__("source", "/no/such/checkpoint"), "config error: model.source = '/no/such"),
+    (lambda c: c["model"].update(tiny=True, source="/models/gpt2"),
+     "config error: model.tiny = true with model.source = '/models/gpt2': the tiny model is a random 2-layer "
+     "GPT-2, so model.source must be 'random'"),
 ])
 def test_bad_values_name_key_value_and_what_is_allowed(change, expected):
     with pytest.raises(ConfigError) as err:
@@ -84,7 +87,12 @@ def test_a_cost_model_file_is_checked_before_any_work(tmp_path, monkeypatch):
     good = {"schema_version": 1, "name": "elsewhere", "decode": {"fixed_s": 0.01, "per_seq_s": 0.0,
             "per_ctx_token_s": 0.0}, "prefill": {"fixed_s": 0.0, "per_token_s": 1e-5}}
     Path("model.json").write_text(json.dumps(good))
-    check(mutated(lambda c: c.__setitem__("costmodel", {"source": "model.json"})))
+    imported = lambda c: c.update(costmodel={"source": "model.json"}, hardware=[])  # noqa: E731
+    check(mutated(imported))
+    with pytest.raises(ConfigError) as err:
+        check(mutated(lambda c: c.__setitem__("costmodel", {"source": "model.json"})))
+    assert str(err.value).startswith("config error: hardware = [2 targets]: needs costmodel.source 'profile' "
+                                     "(here 'model.json')")
 
     for text, expected in [
         (None, "config error: costmodel.source = 'missing.json': no such file (from "),
@@ -96,7 +104,7 @@ def test_a_cost_model_file_is_checked_before_any_work(tmp_path, monkeypatch):
         if text is not None:
             Path(name).write_text(text)
         with pytest.raises(ConfigError) as err:
-            check(mutated(lambda c: c.__setitem__("costmodel", {"source": name})))
+            check(mutated(lambda c: c.update(costmodel={"source": name}, hardware=[])))
         assert str(err.value).startswith(expected)
         assert "\n" not in str(err.value)
 
@@ -114,3 +122,66 @@ def test_cpu_is_the_default_device_and_cuda_is_refused_without_a_gpu():
         check(mutated(lambda c: c["model"].__setitem__("device", "cuda")))
     assert str(err.value) == ("config error: model.device = 'cuda': torch sees no CUDA GPU on this machine "
                               "(torch.cuda.is_available() is False); use 'cpu'")
+
+
+def test_the_shipped_configs_raise_no_warning():
+    assert check(copy.deepcopy(BASE)) == []
+    assert check(yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())) == []
+
+
+def test_a_validation_cap_beyond_the_memory_budget_is_warned_about_in_one_line():
+    # GPT-2 small: 0.498 GB of weights and 56.6 MB of KV per 768-token sequence: 0.97 GB holds 8 sequences
+    config = mutated(lambda c: c["memory"].update(budget_gb=0.97))
+    config["validation"]["cap"] = 9
+    [warning] = check(config)
+    assert warning.startswith("config warning: validation.cap = 9: memory.budget_gb = 0.97 reserves "
+                              "memory.max_context for only 8 sequences")
+    config["validation"]["cap"] = 8
+    assert check(config) == []
+
+
+def write_trace(path: Path, seconds_apart: float, prompt: int = 100, reply: int = 50) -> Path:
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                    + "".join(f"{i * seconds_apart},{prompt},{reply}\n" for i in range(21)))
+    return path
+
+
+def with_trace(trace: dict) -> dict:
+    return mutated(lambda c: c["workload"].__setitem__("trace", trace))
+
+
+def test_a_trace_rate_other_than_the_workload_rate_is_refused(tmp_path):
+    path = str(write_trace(tmp_path / "t.csv", 0.5))
+    with pytest.raises(ConfigError) as err:
+        check(with_trace({"path": path, "rate": 3.0}))
+    assert str(err.value) == ("config error: workload.trace.rate = 3.0: the pipeline replays the trace at "
+                              "workload.rate (6.0) as today's load, so it must equal that or be left out")
+    assert check(with_trace({"path": path, "rate": 6.0})) == []
+
+
+def test_a_trace_whose_own_rate_differs_from_the_workload_rate_is_warned_about(tmp_path):
+    # 21 requests over 10 s: 2.1 req/s, replayed at workload.rate 6
+    path = str(write_trace(tmp_path / "slow.csv", 0.5))
+    assert check(with_trace({"path": path})) == [
+        f"config warning: workload.trace.path = '{path}' arrives at 2.1 req/s on average; the pipeline replays it "
+        "at workload.rate (6 req/s) as today's load"]
+    at_six = str(write_trace(tmp_path / "six.csv", 21 / 6 / 20))
+    assert check(with_trace({"path": at_six})) == []
+
+
+def test_a_trace_request_longer_than_the_max_context_is_refused(tmp_path):
+    path = str(write_trace(tmp_path / "long.csv", 1 / 6, prompt=700, reply=69))
+    with pytest.raises(ConfigError) as err:
+        check(with_trace({"path": path}))
+    assert str(err.value) == (f"config error: workload.trace.path = '{path}': trace {path}: 21 of 21 requests need "
+                              "more than 768 tokens (prompt + reply; the longest 769); set too_long to skip or clip "
+                              "them")
+
+
+def test_the_cli_check_prints_warnings_and_passes(tmp_path):
+    config = with_trace({"path": str(write_trace(tmp_path / "slow.csv", 0.5))})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-m", "servingplan.config", str(tmp_path / "c.yaml")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout == "config ok\n"
+    assert proc.stderr.startswith("config warning: workload.trace.path =") and len(proc.stderr.splitlines()) == 1

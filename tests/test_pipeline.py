@@ -1,6 +1,9 @@
 """The real pipeline, end to end, on the quick configuration, in a scratch copy of the repository."""
+import contextlib
 import datetime
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,11 +47,29 @@ def copy_repository(workdir: Path) -> Path:
     return workdir
 
 
+@contextlib.contextmanager
+def edited(path: Path, addition: str):
+    """`path` with `addition` appended, then restored with its old content and times, so that the
+    results the other tests share stay up to date."""
+    original, stamp = path.read_text(), path.stat()
+    path.write_text(original + addition)
+    try:
+        yield
+    finally:
+        path.write_text(original)
+        os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+
+
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
+def first_run(tmp_path_factory):
+    """The quick pipeline run once in a scratch copy: (its directory, the finished process)."""
     workdir = copy_repository(tmp_path_factory.mktemp("pipeline"))
-    snakemake(workdir)
-    return workdir
+    return workdir, snakemake(workdir)
+
+
+@pytest.fixture(scope="module")
+def pipeline(first_run):
+    return first_run[0]
 
 
 def test_full_run_writes_the_report_and_every_stage_output(pipeline):
@@ -73,8 +94,28 @@ def test_the_report_gives_each_hardware_target_its_verdicts_as_a_roofline_estima
         assert f"### {heading}" in md and f">{heading}</h3>" in html
 
 
+def test_the_console_shows_each_long_stages_progress_and_no_empty_shell_commands(first_run):
+    console = first_run[1].stdout + first_run[1].stderr
+    assert "Shell command" not in console  # every rule runs a script: there is no shell command to show
+    assert re.search(r"profile: +100%", console)
+    assert "validate: trace 1 of 2:" in console and "validate: timing engine steps" in console
+
+
 def test_noop_rerun_does_nothing(pipeline):
     assert planned_rules(pipeline) == set()
+
+
+def test_snakemake_report_shows_the_key_outputs_with_their_captions(pipeline):
+    # snakemake's own HTML report is pure Python (no system package), so nothing here is skipped
+    snakemake(pipeline, "--report", "results/snakemake_report.html")
+    page = (pipeline / "results/snakemake_report.html").read_text()
+    for name in ("report.html", "report.md", "recommendation.json", "latency.csv", "capacity.csv", "memory.csv",
+                 "costmodel.json", "predicted_vs_measured.csv", "comparison.csv", "answers.json", "workload.json",
+                 "workload.png", "ttft_vs_rate.png"):
+        assert name in page, name
+    for caption in sorted((ROOT / "reports" / "captions").glob("*.rst")):
+        first_line = caption.read_text().splitlines()[0]
+        assert first_line in page, caption.name
 
 
 def test_price_change_reruns_only_recommend_and_report(pipeline):
@@ -86,15 +127,46 @@ def test_price_change_reruns_only_recommend_and_report(pipeline):
 
 def test_simulator_edit_reruns_simulation_but_not_profiling(pipeline):
     scheduler = pipeline / "servingplan" / "sim" / "scheduler.py"
-    original = scheduler.read_text()
     # a real edit: Snakemake compares content, so touching the file alone changes nothing
-    scheduler.write_text(original + "\n# edited\n")
-    try:
+    with edited(scheduler, "\n# edited\n"):
         rules = planned_rules(pipeline)
-    finally:
-        scheduler.write_text(original)
     assert {"sweep_cell", "chunk_cell", "capacity_cell", "fleet_cell"} <= rules
     assert "profile" not in rules and "fit" not in rules
+
+
+def planned_from(run_dir: Path, repository: Path, *args, cwd: Path | None = None) -> set:
+    """Rules a dry run from `run_dir` (or with --directory run_dir from `cwd`) would execute for the
+    repository's Snakefile. Only the mtime trigger: a code edit fires it, while the 'input' trigger would
+    rerun everything in a copied results tree whose recorded inputs are named from the repository."""
+    location = ["--directory", str(run_dir)] if cwd else []
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(repository / "Snakefile"), *location,
+                           "--cores", "2", "--configfile", str(repository / QUICK), "-n", "--quiet", "rules",
+                           "--rerun-triggers", "mtime", *args],
+                          cwd=cwd or run_dir, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"dry run from {run_dir} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return {parts[0] for parts in map(str.split, proc.stdout.splitlines())
+            if len(parts) == 2 and parts[1].isdigit() and parts[0] not in ("total", "job")}
+
+
+def test_a_simulator_edit_reruns_the_simulation_when_snakemake_runs_from_another_directory(pipeline, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(pipeline / "results", elsewhere / "results")  # copytree keeps the files' times
+    assert planned_from(elsewhere, pipeline) == set()
+    with edited(pipeline / "servingplan" / "sim" / "scheduler.py", "\n# edited\n"):
+        from_cwd = planned_from(elsewhere, pipeline)
+        with_directory = planned_from(elsewhere, pipeline, cwd=tmp_path)
+    for planned in (from_cwd, with_directory):
+        assert {"sweep_cell", "chunk_cell", "capacity_cell", "fleet_cell", "collect", "report"} <= planned
+        assert "profile" not in planned and "fit" not in planned
+
+
+def test_a_report_template_edit_reruns_the_report_from_another_directory(pipeline, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(pipeline / "results", elsewhere / "results")
+    with edited(pipeline / "reports" / "templates" / "report.text.j2", "{# edited #}\n"):
+        planned = planned_from(elsewhere, pipeline)
+    assert planned == {"report", "all"}
 
 
 def test_simulation_outputs_are_byte_identical_on_rerun(pipeline):
@@ -174,6 +246,22 @@ def test_the_pipeline_sizes_the_service_for_a_trace_file(pipeline, tmp_path, lay
     assert (latency["num_requests"] == requests).all()
     assert latency["seed"].nunique() == 1  # one fixed workload: more seeds would replay the same requests
     assert (workdir / "results/report/report.md").stat().st_size > 0
+    described = json.loads((workdir / "results/workload/workload.json").read_text())
+    assert (described["file"], described["rows"], described["requests"]) == (name, 150, requests)
+    assert described["skipped_zero_tokens"] == 150 - requests
+    # the report describes the trace it was given, not the synthetic spec
+    report = " ".join((workdir / "results/report/report.md").read_text().split())
+    assert f"The workload is the trace file {name}, read in the {layout} layout" in report
+    assert f"Of its 150 rows, {150 - requests} asked for 0 prompt or 0 reply tokens" in report
+    assert f"That leaves {requests} requests over" in report
+    assert "Poisson process" not in report.split("## The workload")[1].split("## Simulation")[0]
+    # the file is an input: editing it reruns every stage that reads it, and nothing that does not
+    with (workdir / name).open("a") as handle:
+        handle.write((workdir / name).read_text().splitlines()[-1] + "\n")
+    rules = planned_rules(workdir, configfile="config/trace.yaml")
+    assert {"workload", "sweep_cell", "chunk_cell", "capacity_cell", "fleet_cell", "validate", "recommend",
+            "report"} <= rules
+    assert not {"profile", "fit", "exercise2"} & rules
 
 
 def write_costmodel(path: Path, decode_fixed_s: float = 0.004) -> None:
@@ -190,6 +278,7 @@ def test_an_imported_cost_model_replaces_profiling_fitting_and_validation(tmp_pa
     write_costmodel(workdir / "a100.json")
     config = yaml.safe_load((workdir / QUICK).read_text())
     config["costmodel"] = {"source": "a100.json"}
+    del config["hardware"]  # a target is scaled from the probes of the machine the model was fitted on
     (workdir / "config" / "imported.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     planned = planned_rules(workdir, configfile="config/imported.yaml")

@@ -111,8 +111,10 @@ def test_cli_trace_misuse_gives_one_line(tmp_path, capsys, argv, match):
 
 def test_config_takes_a_trace_and_generate_replays_it(azure_csv):
     config = yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())
-    config["workload"]["trace"] = {"path": str(azure_csv), "layout": "azure", "rate": 2.0}
-    config["memory"]["max_context"] = 1024  # the fixture's longest request (899 tokens) fits GPT-2's context
+    # the pipeline replays a trace at workload.rate: a trace rate must equal it; the fixture's longest
+    # request (899 tokens) needs more than quick.yaml's 768-token max_context
+    config["workload"]["trace"] = {"path": str(azure_csv), "layout": "azure", "rate": config["workload"]["rate"]}
+    config["memory"]["max_context"] = 1024
     config_module.check(config)
     first, other = workload.generate(config["workload"], 0), workload.generate(config["workload"], 5)
     assert np.array_equal(first.arrival_s, other.arrival_s) and first.prompt_tokens.tolist() == [374, 396, 879]
@@ -131,42 +133,7 @@ def test_config_refuses_a_bad_trace_before_any_work(tmp_path):
         config_module.check(wrong)
 
 
-def test_requests_longer_than_the_context_are_refused_skipped_or_clipped_and_counted(azure_csv):
-    with pytest.raises(ValueError, match="2 of 3 requests need more than 500 tokens .*longest 899.*skip or clip"):
-        workload.load_trace(azure_csv, "azure", max_context=500)
-    skipped = workload.load_trace(azure_csv, "azure", max_context=500, too_long="skip")
-    assert skipped.too_long_requests == 2 and skipped.trace.prompt_tokens.tolist() == [374]
-    clipped = workload.load_trace(azure_csv, "azure", max_context=500, too_long="clip")
-    assert clipped.too_long_requests == 2 and len(clipped.trace) == 3
-    assert clipped.trace.prompt_tokens.tolist() == [374, 391, 480]
-    assert clipped.trace.output_tokens.tolist() == [44, 109, 20]
-    assert (clipped.trace.prompt_tokens + clipped.trace.output_tokens).max() == 500
-    long_reply = workload.load_trace(azure_csv, "azure", max_context=100, too_long="clip").trace
-    assert long_reply.output_tokens.tolist() == [44, 50, 20] and long_reply.prompt_tokens.tolist() == [56, 50, 80]
-
-
-def test_the_first_requests_are_kept_after_the_policies(azure_csv):
-    loaded = workload.load_trace(azure_csv, "azure", max_context=500, too_long="skip", requests=2)
-    assert loaded.trace.prompt_tokens.tolist() == [374]
-    first = workload.load_trace(azure_csv, "azure", requests=2).trace
-    assert first.prompt_tokens.tolist() == [374, 396] and first.arrival_s[0] == 0.0
-
-
-def test_config_refuses_requests_longer_than_the_reserved_context_unless_told_what_to_do(azure_csv):
-    config = yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())
-    config["memory"]["max_context"] = 500
-    config["workload"]["prompt"]["max"] = 200
-    config["workload"]["output"]["max"] = 200
-    config["workload"]["trace"] = {"path": str(azure_csv), "layout": "azure"}
-    with pytest.raises(ConfigError, match="2 of 3 requests need more than 500 tokens"):
-        config_module.check(config)
-    config["workload"]["trace"]["too_long"] = "clip"
-    with pytest.raises(ConfigError, match="too_long = 'clip': needs workload.trace.max_context"):
-        config_module.check(config)
-    config["workload"]["trace"]["max_context"] = 501
-    with pytest.raises(ConfigError, match="max_context = 501: must be <= memory.max_context"):
-        config_module.check(config)
-    config["workload"]["trace"]["max_context"] = 500
-    config_module.check(config)
-    trace = workload.generate(config["workload"], 0)
-    assert (trace.prompt_tokens + trace.output_tokens).max() == 500 and len(trace) == 3
+    # the pipeline replays a trace at workload.rate: a trace rate must equal it; the fixture's longest
+    # request (899 tokens) needs more than quick.yaml's 768-token max_context
+    config["workload"]["trace"] = {"path": str(azure_csv), "layout": "azure", "rate": config["workload"]["rate"]}
+    config["memory"]["max_context"] = 1024

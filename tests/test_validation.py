@@ -6,7 +6,7 @@ import pytest
 from servingplan.profiling.measure import QUICK_PROFILE
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
 from servingplan.serving.replay import bootstrap_interval
-from servingplan.validation import SpeedProbe, agreement, headline, path_check, steps_by_batch
+from servingplan.validation import SpeedProbe, agreement, headline, path_check, steps_by_batch, validation_traces
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +80,18 @@ def test_headline_judges_loads_up_to_085_and_the_step_table():
     assert not out["as_fitted"]["met"] and out["as_fitted"]["worst_abs_ttft_p90_diff_pct"] == 20.0
     assert out["drift_corrected"]["met"] and out["drift_corrected"]["judged"] == 2
     assert out["met"] and out["steps"]["met"] and out["steps"]["judged_batches"] == [1]
+
+
+def test_validation_replays_only_the_first_requests_of_a_trace_file(tmp_path):
+    # 500 requests: replayed whole in real time, the stage would serve for minutes at these rates
+    path = tmp_path / "log.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                    + "".join(f"{i * 0.25},{16 + i},{8 + i % 5}\n" for i in range(500)))
+    workload = {"num_requests": 120, "rate": 6.0, "trace": {"path": str(path)}}
+    validation = {"rates_fraction": [0.5, 2.0], "trace_seconds": 5, "min_requests": 6}
+    traces = list(validation_traces(workload, validation, stable_rps=2.0, seed=0))
+    # 0.5 x 2 req/s for 5 s is 5 requests, raised to min_requests; 2 x 2 req/s for 5 s is 20
+    assert [(fraction, rate, len(trace)) for fraction, rate, trace in traces] == [(0.5, 1.0, 6), (2.0, 4.0, 20)]
+    for (_, rate, trace), n in zip(traces, (6, 20)):
+        assert trace.prompt_tokens.tolist() == list(range(16, 16 + n))
+        assert trace.mean_rate_rps == pytest.approx(rate)

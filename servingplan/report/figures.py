@@ -175,14 +175,14 @@ def roofline_efficiency(profile: pd.DataFrame) -> Figure:
 
 # -- workload ------------------------------------------------------------------------------------------
 
-def workload_histograms(traces, rate: float) -> Figure:
+def workload_histograms(traces, rate: float, label: str = "drawn") -> Figure:
     """Inter-arrival gaps (with the exponential density of a Poisson process) and token lengths."""
     fig, axes = _figure(1, 3, height=3.0)
     gaps = np.concatenate([np.diff(np.concatenate([[0.0], t.arrival_s])) for t in traces])
     prompts = np.concatenate([t.prompt_tokens for t in traces])
     outputs = np.concatenate([t.output_tokens for t in traces])
     ax = axes[0, 0]
-    ax.hist(gaps, bins=40, density=True, color="#1f77b4", alpha=0.7, label="drawn")
+    ax.hist(gaps, bins=40, density=True, color="#1f77b4", alpha=0.7, label=label)
     grid = np.linspace(0, gaps.max(), 200)
     ax.plot(grid, rate * np.exp(-rate * grid), color=TARGET_COLOR, lw=1.2, label=f"Poisson, {rate:g} req/s")
     ax.set_xlabel("gap between arrivals (s)")

@@ -93,6 +93,7 @@ class RunResults:
     fleet_cells: list[dict]
     chunks: pd.DataFrame | None = None
     hardware: dict | None = None
+    workload: dict | None = None
 
     @property
     def measured(self) -> bool:
@@ -124,6 +125,7 @@ def load_results(inputs: Mapping) -> RunResults:
         fleet_cells=[read_json(path) for path in inputs.get("fleet") or []],
         chunks=csv("chunks"),
         hardware=read_json(inputs["hardware"]) if inputs.get("hardware") else None,
+        workload=read_json(inputs["workload"]) if inputs.get("workload") else None,
     )
 
 
@@ -235,6 +237,10 @@ FILTERS = {
 # -- sections ------------------------------------------------------------------------------------------
 
 def workload_traces(workload: dict, seeds: list[int]):
+    """The traces as the simulations replay them at today's rate: a trace file's arrival gaps rescaled
+    to workload.rate, as every pipeline stage rescales them."""
+    if workload.get("trace"):
+        return [generate(workload, seed).with_rate(float(workload["rate"])) for seed in seeds]
     return [generate(workload, seed) for seed in seeds]
 
 
@@ -342,14 +348,19 @@ def _mode(series: pd.Series):
     return series.value_counts().sort_index().idxmax() if len(series) else None
 
 
-def workload_section(config: dict, traces, rec: dict) -> dict:
+def workload_section(config: dict, traces, rec: dict, described: dict | None) -> dict:
+    """A trace file as the workload stage described it (results/workload/workload.json), or the
+    Poisson spec with its calibration against the capstone source."""
     workload = config["workload"]
+    if described and described["kind"] == "trace":
+        return {"trace": described, "seeds": len(traces), "offered_tokens_per_s": rec["offered_tokens_per_s"]}
     n = int(workload["num_requests"])
     expected_output = expected_length(workload["output"])
     totals = [int(t.output_tokens.sum()) for t in traces]
     source = config["reference"]
     source_per_reply = source["output_tokens"] / source["requests"]
     return {
+        "trace": None,
         "spec": workload,
         "seeds": len(traces),
         "num_requests": n,
@@ -666,7 +677,9 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
     today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
     cost, ex2 = context["cost"], context["exercise2"]["answers"]
     made = {
-        "workload": figures.workload_histograms(traces, today),
+        # a trace file is the same for every seed: its requests are drawn once
+        "workload": figures.workload_histograms(traces[:1] if workload.get("trace") else traces, today,
+                                                "replayed" if workload.get("trace") else "drawn"),
         "ttft_vs_rate": figures.ttft_vs_rate(run.latency, slo["ttft_percentile"], slo["ttft_ms"], today, target),
         "capacity": figures.capacity_per_cap(run.capacity, today, target),
         "attainment": figures.attainment_heatmap(run.latency, "good requests (%)"),
@@ -713,7 +726,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "summary": summary,
         "machine": machine_section(run),
         "profiling": profiling_section(run, traces),
-        "workload": workload_section(config, traces, clean(run.recommendation)),
+        "workload": workload_section(config, traces, clean(run.recommendation), clean(run.workload)),
         "simulation": simulation_section(run, config, traces),
         "chunk_sweep": chunk_section(run, config, traces),
         "memory": memory_section(run),
