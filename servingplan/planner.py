@@ -278,11 +278,6 @@ def prefill_floor(step_model: CostModel, traces, percentile: float) -> dict:
             "longest_prompt": longest, "longest_prompt_ms": step_model.prefill_time(longest) * 1e3}
 
 
-def offered_tokens_per_s(workload: dict, seeds: list[int]) -> float:
-    """Output tokens per second the traffic asks for at today's rate (mean over the seeds' draws)."""
-    return float(np.mean([t.output_tokens.mean() for t in traces(workload, seeds)]) * workload["rate"])
-
-
 def _serving_memory(validation: dict | None) -> dict | None:
     measured = (validation or {}).get("serving_memory")
     if not measured or measured.get("peak_rss_bytes") is None:

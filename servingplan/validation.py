@@ -265,11 +265,12 @@ def headline(comparison: pd.DataFrame, by_batch: pd.DataFrame, validation: dict,
         return {"evaluated": False}
     goal = validation["goal_pct"]
     out = {"evaluated": True, "goal_pct": goal, "machine_drift_ratio": drift}
-    if steps is not None and len(steps):
-        out.update({"step_mape_pct": float(steps["error_pct"].abs().mean()),
-                    "step_bias_pct": float(steps["error_pct"].median()),
-                    "step_mape_drift_corrected_pct": float(steps["corrected_error_pct"].abs().mean()),
-                    "step_bias_drift_corrected_pct": float(steps["corrected_error_pct"].median())})
+    # a run whose engine finished no timed step has no per-step error: the figures are None, not absent
+    timed = steps is not None and len(steps) > 0
+    out.update({"step_mape_pct": float(steps["error_pct"].abs().mean()) if timed else None,
+                "step_bias_pct": float(steps["error_pct"].median()) if timed else None,
+                "step_mape_drift_corrected_pct": float(steps["corrected_error_pct"].abs().mean()) if timed else None,
+                "step_bias_drift_corrected_pct": float(steps["corrected_error_pct"].median()) if timed else None})
     for name in ("as_fitted", "drift_corrected"):
         below = comparison[(comparison["load_fraction"] <= 0.85 + 1e-9) & (comparison["cost_model"] == name)]
         judged = below[((below["metric"] == "ttft") & (below["stat"] == "p90"))

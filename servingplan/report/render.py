@@ -711,7 +711,8 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
                                                              run.validation.meta if run.validation else None)
     if run.validation is not None:
         made["validation_ttft"] = figures.ttft_scatter(run.validation.requests)
-        made["steps_by_batch"] = measurement.steps_by_batch_figure(run.validation.meta)
+        if any(row["batch"] > 0 for row in run.validation.meta["steps_by_batch"]):
+            made["steps_by_batch"] = measurement.steps_by_batch_figure(run.validation.meta)
     # a figure with nothing but zeros to plot is left out; the report says so where it would stand
     return {name: figures.png_bytes(fig) for name, fig in made.items() if fig is not None}
 
