@@ -232,27 +232,35 @@ def write_trace(path: Path, layout: str, rows: int = 150) -> int:
     return int((replies > 0).sum())
 
 
-@pytest.mark.parametrize("layout, name", [("azure", "azure.csv"), ("burstgpt", "burstgpt.jsonl")])
-def test_the_pipeline_sizes_the_service_for_a_trace_file(pipeline, tmp_path, layout, name):
-    # a copy of the quick run: the trace changes the workload, not the profile, which is kept
+def trace_run(pipeline: Path, tmp_path: Path, layout: str, name: str, **settings) -> tuple[Path, int]:
+    """A copy of the quick run (the trace changes the workload, not the profile, which is kept) with a
+    trace file of `layout` as its workload: (its directory, the requests the file holds)."""
     workdir = Path(shutil.copytree(pipeline, tmp_path / "run", symlinks=True))
     requests = write_trace(workdir / name, layout)
     config = yaml.safe_load((workdir / QUICK).read_text())
-    config["workload"]["trace"] = {"path": name, "layout": layout}
+    config["workload"]["trace"] = {"path": name, "layout": layout, **settings}
     (workdir / "config" / "trace.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     assert "profile" not in planned_rules(workdir, configfile="config/trace.yaml")
+    return workdir, requests
+
+
+def test_the_pipeline_sizes_the_service_for_an_azure_trace_and_its_report_describes_it(pipeline, tmp_path):
+    name = "azure.csv"
+    workdir, requests = trace_run(pipeline, tmp_path, "azure", name, too_long="clip", max_context=512)
     snakemake(workdir, configfile="config/trace.yaml")
     latency = pd.read_csv(workdir / "results/sweep/latency.csv")
     assert (latency["num_requests"] == requests).all()
     assert latency["seed"].nunique() == 1  # one fixed workload: more seeds would replay the same requests
-    assert (workdir / "results/report/report.md").stat().st_size > 0
     described = json.loads((workdir / "results/workload/workload.json").read_text())
     assert (described["file"], described["rows"], described["requests"]) == (name, 150, requests)
     assert described["skipped_zero_tokens"] == 150 - requests
+    assert described["too_long"] == "clip" and described["too_long_requests"] > 0
     # the report describes the trace it was given, not the synthetic spec
     report = " ".join((workdir / "results/report/report.md").read_text().split())
-    assert f"The workload is the trace file {name}, read in the {layout} layout" in report
+    assert f"The workload is the trace file {name}, read in the azure layout" in report
     assert f"Of its 150 rows, {150 - requests} asked for 0 prompt or 0 reply tokens" in report
+    assert (f"{described['too_long_requests']} of them needed more than the 512-token context (prompt + reply) "
+            "and were clipped to fit") in report
     assert f"That leaves {requests} requests over" in report
     assert "Poisson process" not in report.split("## The workload")[1].split("## Simulation")[0]
     # the file is an input: editing it reruns every stage that reads it, and nothing that does not
@@ -262,6 +270,19 @@ def test_the_pipeline_sizes_the_service_for_a_trace_file(pipeline, tmp_path, lay
     assert {"workload", "sweep_cell", "chunk_cell", "capacity_cell", "fleet_cell", "validate", "recommend",
             "report"} <= rules
     assert not {"profile", "fit", "exercise2"} & rules
+
+
+def test_the_pipeline_simulates_a_burstgpt_trace(pipeline, tmp_path):
+    # the simulations and the capacity search; the stages after them read the trace as the Azure test shows
+    workdir, requests = trace_run(pipeline, tmp_path, "burstgpt", "burstgpt.jsonl")
+    snakemake(workdir, "results/workload/workload.json", "results/sweep/latency.csv", "results/capacity/capacity.csv",
+              configfile="config/trace.yaml")
+    latency = pd.read_csv(workdir / "results/sweep/latency.csv")
+    assert (latency["num_requests"] == requests).all() and latency["seed"].nunique() == 1
+    assert pd.read_csv(workdir / "results/capacity/capacity.csv")["capacity_rps"].notna().any()
+    described = json.loads((workdir / "results/workload/workload.json").read_text())
+    assert (described["layout"], described["rows"], described["requests"]) == ("burstgpt", 150, requests)
+    assert described["columns"]["output_tokens"] == "Response tokens"
 
 
 def write_costmodel(path: Path, decode_fixed_s: float = 0.004) -> None:
@@ -278,7 +299,7 @@ def test_an_imported_cost_model_replaces_profiling_fitting_and_validation(tmp_pa
     write_costmodel(workdir / "a100.json")
     config = yaml.safe_load((workdir / QUICK).read_text())
     config["costmodel"] = {"source": "a100.json"}
-    del config["hardware"]  # a target is scaled from the probes of the machine the model was fitted on
+    config["hardware"] = []  # a target is scaled from the probes of the machine the model was fitted on
     (workdir / "config" / "imported.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     planned = planned_rules(workdir, configfile="config/imported.yaml")
