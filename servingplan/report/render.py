@@ -602,6 +602,7 @@ def exercise2_section(run: RunResults) -> dict:
 def assumptions_section(run: RunResults, config: dict) -> dict:
     machine = run.machine.get("machine", {})
     steps = run.validation.meta["headline"] if run.validation is not None else None
+    bias = clean(steps.get("step_bias_drift_corrected_pct")) if steps else None
     return {
         "random_weights": bool(run.machine["model"]["random_weights"]),
         "threads": machine.get("threads"), "logical_cores": machine.get("logical_cores"),
@@ -612,7 +613,9 @@ def assumptions_section(run: RunResults, config: dict) -> dict:
         "max_context": config["memory"]["max_context"], "block_size": config["memory"]["block_size"],
         "rss_after_load_bytes": run.machine["memory"].get("rss_after_load_bytes"),
         "weights_bytes": run.machine["memory"]["param_bytes"],
-        "step_bias_pct": clean(steps.get("step_bias_drift_corrected_pct")) if steps else None,
+        "step_bias_pct": bias,
+        # a negative per-step error: the engine's steps took longer than the model predicts
+        "model_predicts_faster": bias is not None and bias < 0,
         "horizon_factor": config["sweep"]["horizon_factor"],
     }
 
