@@ -168,16 +168,14 @@ def test_bad_settings_are_refused(kwargs, match):
         Scheduler(args["policy"], args["max_num_seqs"], args["chunk_size"], chunk_budget=args["chunk_budget"])
 
 
-@given(policy=st.sampled_from(POLICIES), cap=st.integers(1, 5), kv_blocks=st.sampled_from([None, 12, 25]),
-       chunk=st.sampled_from([8, 64]),
-       jobs=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=15))
-def test_invariants_hold_at_every_step(policy, cap, kv_blocks, chunk, jobs):
-    """Requests join between steps; the cache stays consistent and every request finishes once."""
-    sched = Scheduler(policy, cap, chunk, BlockManager(kv_blocks, block_size=8))
+def serve_arrivals(sched: Scheduler, jobs, check) -> tuple[list[int], set[int]]:
+    """Feed `jobs` (prompt, reply, steps to wait after the previous arrival) to `sched` as they
+    arrive and step it until all are served, calling check(step, busy) after each step completes
+    (busy: the scheduler had work before it); (ids finished, ids accepted). Bounded, so a stall fails
+    instead of hanging."""
     pending = [Seq(i, p, o) for i, (p, o, _) in enumerate(jobs)]
     delays = [d for _, _, d in jobs]
-    finished_ids = []
-    accepted = set()
+    finished_ids, accepted = [], set()
     for _ in range(10_000):
         while pending and delays[0] == 0:
             seq = pending.pop(0)
@@ -188,14 +186,30 @@ def test_invariants_hold_at_every_step(policy, cap, kv_blocks, chunk, jobs):
             delays[0] -= 1
         if sched.idle and not pending:
             break
+        busy = not sched.idle
         step = sched.schedule()
         _, finished = sched.complete(step)
         finished_ids += [s.id for s in finished]
+        check(step, busy)
+    assert not pending
+    return finished_ids, accepted
+
+
+@given(policy=st.sampled_from(POLICIES), cap=st.integers(1, 5), kv_blocks=st.sampled_from([None, 12, 25]),
+       chunk=st.sampled_from([8, 64]),
+       jobs=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=15))
+def test_invariants_hold_at_every_step(policy, cap, kv_blocks, chunk, jobs):
+    """Requests join between steps; the cache stays consistent and every request finishes once."""
+    sched = Scheduler(policy, cap, chunk, BlockManager(kv_blocks, block_size=8))
+
+    def check(step, busy):
         assert len(sched.running) <= cap
         assert sched.kv.used == sum(s.blocks for s in sched.running)
         assert kv_blocks is None or sched.kv.used <= kv_blocks
         for s in sched.running:
             assert s.blocks >= sched.kv.blocks_for(s.kv_tokens)
+
+    finished_ids, accepted = serve_arrivals(sched, jobs, check)
     assert sched.idle
     assert sorted(finished_ids) == sorted(accepted)
 
@@ -218,24 +232,10 @@ def test_a_step_token_budget_holds_in_every_step_and_never_stalls(cap, spare, kv
     every request finishes."""
     budget = cap + spare
     sched = Scheduler("continuous_chunked", cap, budget, BlockManager(kv_blocks, block_size=8), "step_tokens")
-    pending = [Seq(i, p, o) for i, (p, o, _) in enumerate(jobs)]
-    delays = [d for _, _, d in jobs]
-    finished_ids, accepted = [], set()
-    for _ in range(10_000):
-        while pending and delays[0] == 0:
-            seq = pending.pop(0)
-            delays.pop(0)
-            if sched.add(seq):
-                accepted.add(seq.id)
-        if delays:
-            delays[0] -= 1
-        if sched.idle and not pending:
-            break
-        busy = not sched.idle
-        step = sched.schedule()
+
+    def check(step, busy):
         assert len(step.decodes) + sum(n for _, n in step.prefills) <= budget
         assert not (busy and step.empty)
-        _, finished = sched.complete(step)
-        finished_ids += [s.id for s in finished]
-    assert sched.idle and not pending
-    assert sorted(finished_ids) == sorted(accepted)
+
+    finished_ids, accepted = serve_arrivals(sched, jobs, check)
+    assert sched.idle and sorted(finished_ids) == sorted(accepted)
