@@ -545,7 +545,7 @@ def markdown_hardware(section: dict | None) -> dict | None:
                                    for t in section["targets"]]}
 
 
-def validation_section(run: RunResults) -> dict | None:
+def validation_section(run: RunResults, workload: dict) -> dict | None:
     if run.validation is None:
         return None
     comparison = run.validation.comparison
@@ -573,7 +573,10 @@ def validation_section(run: RunResults) -> dict | None:
         "policy_label": policies.label(meta["policy"]),
         "rows": rows,
         "traces": meta["traces"],
+        "served": [t for t in meta["traces"] if not t.get("skipped")],
+        "truncated": [t for t in meta["traces"] if t.get("measured_truncated")],
         "skipped": [t for t in meta["traces"] if t.get("skipped")],
+        "from_trace_file": bool(workload.get("trace")),
         "n_requests": int(len(requests)),
         "n_finished_both": int(requests["finished_both"].astype(bool).sum()),
     }
@@ -736,7 +739,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "memory": memory_section(run),
         "cost": cost,
         "cost_data": browser_cost_data(cost),
-        "validation": validation_section(run),
+        "validation": validation_section(run, config["workload"]),
         "hardware": hardware,
         "measurement": clean(measurement.measurement_summary(run.machine, run.fit_report,
                                                              run.validation.meta if run.validation else None))
