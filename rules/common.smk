@@ -3,7 +3,7 @@ import hashlib
 import json
 import os
 
-from servingplan.config import PROFILE_SOURCE, check_or_exit, costmodel_source
+from servingplan.config import PROFILE_SOURCE, check_or_exit, costmodel_source, simulation_seeds
 from servingplan.profiling.machine import fingerprint
 from servingplan.sim.policies import wildcard as policy_wildcard
 
@@ -18,9 +18,7 @@ PROFILE_DIR = f"results/profile/{MACHINE}"
 # JSON, relative to the working directory, replaces those three stages by import_costmodel (fit.smk).
 COSTMODEL_SOURCE = costmodel_source(config)
 PROFILED = COSTMODEL_SOURCE == PROFILE_SOURCE
-# A trace file is one fixed workload: every seed would replay the same requests, so it gets one.
-SEEDS = [config["seed"] * 1000 + i
-         for i in range(1 if config["workload"].get("trace") else config["sweep"]["seeds"])]
+SEEDS = simulation_seeds(config)
 CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
 HARDWARE = {target["name"]: target for target in config.get("hardware", [])}
 

@@ -221,6 +221,18 @@ def _check_hardware(targets: list[dict], costmodel: str) -> None:
         seen.add(target["name"])
 
 
+def derived_seeds(master_seed: int, count: int) -> list[int]:
+    """The seeds of `count` workload draws, derived the same way in every stage so that the seeds of
+    different stages never collide."""
+    return [master_seed * 1000 + i for i in range(count)]
+
+
+def simulation_seeds(config: dict) -> list[int]:
+    """The workload draws the simulations, capacity searches and plans use: sweep.seeds of them, or one
+    for a trace file, which is one fixed workload (every seed would replay the same requests)."""
+    return derived_seeds(config["seed"], 1 if config["workload"].get("trace") else config["sweep"]["seeds"])
+
+
 def costmodel_source(config: dict) -> str:
     """"profile", or the path of the cost-model JSON the run imports instead of profiling."""
     return config.get("costmodel", {}).get("source", PROFILE_SOURCE)

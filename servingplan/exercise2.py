@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan import workload
+from servingplan.config import derived_seeds
 from servingplan.costmodel import EXERCISE2, CostModel, decode_curve
 from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
 from servingplan.seeds import over_seeds
@@ -44,11 +45,6 @@ class Exercise2Outputs:
 
 
 # -- inputs -----------------------------------------------------------------------------------------
-
-def exercise_seeds(master_seed: int, count: int) -> list[int]:
-    """Same derivation as the pipeline's sweep seeds, so seeds never collide across stages."""
-    return [master_seed * 1000 + i for i in range(count)]
-
 
 def exercise_workload(cfg: dict) -> dict:
     return {**workload.EXERCISE2, "rate": float(cfg["rate"]), "num_requests": int(cfg["num_requests"])}
@@ -383,7 +379,7 @@ def run(cfg: dict, master_seed: int, cost: CostModel = EXERCISE2) -> Exercise2Ou
     """Every answer of the exercise from its config section (`exercise2`) and the master seed."""
     slo = exercise_slo(cfg)
     budget_ms = float(cfg["slo_tpot_ms"])
-    seeds = exercise_seeds(master_seed, int(cfg["seeds"]))
+    seeds = derived_seeds(master_seed, int(cfg["seeds"]))
     spec = exercise_workload(cfg)
     traces = [workload.generate(spec, seed) for seed in seeds]
     chunk = int(cfg["chunk_size"])

@@ -207,6 +207,7 @@ class LoadedTrace:
     rows: int
     skipped_zero_tokens: int
     layout: str
+    columns: dict  # the file's names for arrival, prompt_tokens and output_tokens, and its timestamp kind
     too_long: str = "refuse"
     too_long_requests: int = 0
 
@@ -335,11 +336,11 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
         if trace.duration_s <= 0:
             raise ValueError(f"trace {path}: every request arrives at once, so it cannot be rescaled to rate {rate:g}")
         trace = trace.with_rate(rate)
-    return LoadedTrace(trace, rows, skipped, layout, too_long, too_long_requests)
+    return LoadedTrace(trace, rows, skipped, layout, mapping, too_long, too_long_requests)
 
 
 def token_statistics(tokens: np.ndarray) -> dict:
-    """Count, total, mean, the linear percentiles the report quotes, and the range of token counts."""
+    """Total, mean, the linear percentiles the report quotes, and the range of token counts."""
     return {"total": int(tokens.sum()), "mean": float(tokens.mean()), "p50": float(np.percentile(tokens, 50)),
             "p90": float(np.percentile(tokens, 90)), "p99": float(np.percentile(tokens, 99)),
             "min": int(tokens.min()), "max": int(tokens.max())}
@@ -356,14 +357,12 @@ def describe(spec: dict) -> dict:
     settings = spec["trace"]
     # the file's own arrivals, before any rescaling, are what its span and rate describe
     loaded = load_trace(**{key: value for key, value in settings.items() if key != "rate"})
-    trace, layout = loaded.trace, settings.get("layout", "servingplan")
-    mapping = {**TRACE_LAYOUTS[layout], **settings.get("columns", {}),
-               **({"timestamps": settings["timestamps"]} if settings.get("timestamps") else {})}
+    trace = loaded.trace
     file_rate = trace.mean_rate_rps
     replay_rate = float(spec["rate"])
     gap_scale = None if file_rate is None else file_rate / replay_rate
     return {
-        "kind": "trace", "file": Path(settings["path"]).name, "layout": layout, "columns": mapping,
+        "kind": "trace", "file": Path(settings["path"]).name, "layout": loaded.layout, "columns": loaded.columns,
         "rows": loaded.rows, "skipped_zero_tokens": loaded.skipped_zero_tokens,
         "too_long": loaded.too_long, "too_long_requests": loaded.too_long_requests,
         "max_context": settings.get("max_context"), "first_requests": settings.get("requests"),

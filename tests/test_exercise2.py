@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from servingplan import exercise2, workload
+from servingplan.config import derived_seeds
 from servingplan.costmodel import EXERCISE2, CostModel
 from servingplan.sim import simulate
 from servingplan.sim.steps import STEP_COLUMNS, StepRecorder
@@ -115,7 +116,7 @@ def test_sweeps_have_a_row_per_cell_and_a_mean_per_value(outputs):
     readings = ["per_kv_token", "per_sequence"]
     assert sorted(set(zip(runs["reading"], runs["max_num_seqs"], runs["seed"]))) == [
         (reading, cap, seed) for reading in readings for cap in SMALL["sweep_caps"]
-        for seed in exercise2.exercise_seeds(0, SMALL["seeds"])]
+        for seed in derived_seeds(0, SMALL["seeds"])]
     means = caps[caps["stat"] == "mean"]
     assert sorted(zip(means["reading"], means["max_num_seqs"])) == [(r, c) for r in readings for c in SMALL["sweep_caps"]]
     chunks = outputs.chunk_sweep

@@ -12,7 +12,7 @@ import yaml
 
 import test_report
 from servingplan import architecture, hardware
-from servingplan.config import ConfigError, check
+from servingplan.config import ConfigError, check, simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_json
 from servingplan.report.render import write_report
@@ -157,7 +157,7 @@ def render_with_targets(root: Path) -> dict:
     gpu.update(description=HOSTILE_DESCRIPTION, price_per_hour=0.5)
     config["hardware"] = [{"name": "same-as-here", "bandwidth_gbs": here["bandwidth_gbs"], "gflops": here["gflops"]},
                           gpu]
-    seeds = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
+    seeds = simulation_seeds(config)
     cells = [(p, c) for p in test_report.POLICIES for c in test_report.CAPS]
     validation = read_json(inputs["validation_meta"])
     verdicts = []

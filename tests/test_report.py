@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from servingplan import exercise2, planner
+from servingplan.config import simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.profiling.fit import fit_profile
@@ -196,7 +197,7 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     if scenario == "unstable":
         # what the issue-10 profiler adds: the machine's speed over the run, here moving more than 10%
         meta["speed"] = speed(moved=0.07)
-    seeds = [config["seed"] * 1000 + i for i in range(config["sweep"]["seeds"])]
+    seeds = simulation_seeds(config)
     d = Path(directory)
     paths = {name: d / f for name, f in {
         "machine": "machine.json", "profile": "profile.csv", "fit_report": "fit_report.json",

@@ -353,7 +353,7 @@ def workload_section(config: dict, traces, rec: dict, described: dict | None) ->
     Poisson spec with its calibration against the capstone source."""
     workload = config["workload"]
     if described and described["kind"] == "trace":
-        return {"trace": described, "seeds": len(traces), "offered_tokens_per_s": rec["offered_tokens_per_s"]}
+        return {"trace": described, "offered_tokens_per_s": rec["offered_tokens_per_s"]}
     n = int(workload["num_requests"])
     expected_output = expected_length(workload["output"])
     totals = [int(t.output_tokens.sum()) for t in traces]
@@ -683,9 +683,7 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
     today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
     cost, ex2 = context["cost"], context["exercise2"]["answers"]
     made = {
-        # a trace file is the same for every seed: its requests are drawn once
-        "workload": figures.workload_histograms(traces[:1] if workload.get("trace") else traces, today,
-                                                "replayed" if workload.get("trace") else "drawn"),
+        "workload": figures.workload_histograms(traces, today, "replayed" if workload.get("trace") else "drawn"),
         "ttft_vs_rate": figures.ttft_vs_rate(run.latency, slo["ttft_percentile"], slo["ttft_ms"], today, target),
         "capacity": figures.capacity_per_cap(run.capacity, today, target),
         "attainment": figures.attainment_heatmap(run.latency, "good requests (%)"),
