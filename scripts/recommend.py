@@ -19,7 +19,7 @@ def main(sm):
         step_model=load(sm.input.costmodel), machine=machine, validation=validation))
     write_json(sm.output.hardware, {"targets": [
         target_verdicts(read_json(path), target, machine, sm.params.cost, sm.params.slo, sm.params.workload,
-                        sm.params.memory, sm.params.seeds, validation)
+                        sm.params.memory, sm.params.seeds)
         for path, target in zip(sm.input.hardware, sm.params.hardware)]})
 
 

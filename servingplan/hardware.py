@@ -135,10 +135,12 @@ def target_plan(cost: CostModel, machine: dict, model_cfg: dict, target: dict, c
 
 
 def target_verdicts(plan: dict, target: dict, machine: dict, cost_cfg: dict, slo: dict, workload: dict,
-                    memory_cfg: dict, seeds: list[int], validation: dict | None) -> dict:
+                    memory_cfg: dict, seeds: list[int]) -> dict:
     """The recommendation for `target` (its config entry) from its `target_plan`, at the target's own
     price per hour (the config's cost.price_per_hour when it states none); memory by this machine's
-    arithmetic, which the model's shape sets, with the KV peak of the target's own simulations."""
+    arithmetic, which the model's shape sets, with the KV peak of the target's own simulations. The memory
+    the engine measured while serving here is not part of it: that is this machine's process (its runtime
+    and allocator), which no target shares, and a measurement that varies run to run."""
     if plan["target"]["name"] != target["name"]:
         raise ValueError(f"hardware plan of {plan['target']['name']!r} given for target {target['name']!r}")
     price_given = target.get("price_per_hour") is not None
@@ -147,7 +149,7 @@ def target_verdicts(plan: dict, target: dict, machine: dict, cost_cfg: dict, slo
     memory, _ = planner.memory_table(machine, latency, memory_cfg, workload["rate"])
     recommendation = planner.recommend(latency, pd.DataFrame(plan["capacity"]), memory, plan["fleet"], priced, slo,
                                        workload, seeds, step_model=CostModel.from_dict(plan["costmodel"]),
-                                       machine=machine, validation=validation)
+                                       machine=machine)
     return {"name": target["name"], "description": target.get("description", ""),
             "bandwidth_gbs": plan["target"]["bandwidth_gbs"], "gflops": plan["target"]["gflops"],
             "price_per_hour": priced["price_per_hour"], "price_given": price_given,

@@ -159,13 +159,12 @@ def render_with_targets(root: Path) -> dict:
                           gpu]
     seeds = simulation_seeds(config)
     cells = [(p, c) for p in test_report.POLICIES for c in test_report.CAPS]
-    validation = read_json(inputs["validation_meta"])
     verdicts = []
     for target in config["hardware"]:
         plan = hardware.target_plan(cost, machine, config["model"], target, cells, config["workload"], config["slo"],
                                     config["sweep"], config["memory"], seeds, config["capacity"], config["cost"])
         verdicts.append(hardware.target_verdicts(plan, target, machine, config["cost"], config["slo"],
-                                                 config["workload"], config["memory"], seeds, validation))
+                                                 config["workload"], config["memory"], seeds))
     inputs["hardware"] = str(root / "inputs" / "hardware_verdicts.json")
     write_json(inputs["hardware"], {"targets": verdicts})
     out = root / "report"
@@ -177,11 +176,28 @@ def render_with_targets(root: Path) -> dict:
             "verdicts": verdicts, "recommendation": read_json(inputs["recommendation"])}
 
 
+def without_measured_memory(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in ("measured_bytes", "measured_cap", "memory_measured_bytes")}
+            for row in rows]
+
+
 def test_a_target_with_this_machines_roofline_gets_this_machines_verdicts(hardware_report):
     same = hardware_report["verdicts"][0]["recommendation"]
     here = hardware_report["recommendation"]
-    assert same["verdict"] == here["verdict"]
-    assert same["chosen"] == here["chosen"]
+    # the reserved figure decides the memory target here as well: the measurement does not flip it
+    assert (here["chosen"]["memory_bytes"] <= here["chosen"]["budget_bytes"]) == here["chosen"]["memory_met"]
+    assert without_measured_memory(same["verdict"]) == without_measured_memory(here["verdict"])
+    assert without_measured_memory([same["chosen"]]) == without_measured_memory([here["chosen"]])
+
+
+def test_a_target_is_not_judged_on_the_memory_measured_here(hardware_report):
+    here = hardware_report["recommendation"]
+    assert here["chosen"]["memory_measured_bytes"] is not None
+    for target in hardware_report["verdicts"]:
+        rec = target["recommendation"]
+        memory = next(row for row in rec["verdict"] if row["target"] == "memory")
+        assert rec["serving_memory"] is None and memory["measured_bytes"] is None
+        assert memory["passed"] == (memory["achieved"] <= memory["goal_bytes"])
 
 
 def test_the_faster_target_serves_faster(hardware_report):
@@ -244,7 +260,7 @@ def test_a_target_too_slow_to_keep_up_is_planned_and_judged_through_its_json_fil
                                 config["slo"], config["sweep"], config["memory"], [0], config["capacity"], config["cost"])
     write_json(tmp_path / "slow.json", plan)
     judged = hardware.target_verdicts(read_json(tmp_path / "slow.json"), slow, machine, config["cost"], config["slo"],
-                                      config["workload"], config["memory"], [0], None)
+                                      config["workload"], config["memory"], [0])
     rec = judged["recommendation"]
     assert not rec["chosen"]["stable_today"] and rec["chosen"]["latency_ms"] is None
     assert rec["missed"] == ["latency", "capacity", "cost"] and judged["price_given"] is False
