@@ -35,3 +35,14 @@ GROWING = CostModel(decode_fixed_s=8 / 1024, decode_per_seq_s=1 / 1024, decode_p
 @pytest.fixture
 def growing_cost() -> CostModel:
     return GROWING
+
+
+@pytest.fixture(scope="session")
+def quick_pipeline(tmp_path_factory):
+    """The quick pipeline run once per session in a scratch copy of the repository: (its directory, the
+    finished snakemake process). The pipeline tests and the SLURM test's local run share it; a test that
+    edits the tree restores it, and reruns there write the same bytes."""
+    from test_pipeline import copy_repository, snakemake
+
+    workdir = copy_repository(tmp_path_factory.mktemp("pipeline"))
+    return workdir, snakemake(workdir)

@@ -60,16 +60,9 @@ def edited(path: Path, addition: str):
         os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
 
 
-@pytest.fixture(scope="module")
-def first_run(tmp_path_factory):
-    """The quick pipeline run once in a scratch copy: (its directory, the finished process)."""
-    workdir = copy_repository(tmp_path_factory.mktemp("pipeline"))
-    return workdir, snakemake(workdir)
-
-
-@pytest.fixture(scope="module")
-def pipeline(first_run):
-    return first_run[0]
+@pytest.fixture
+def pipeline(quick_pipeline):
+    return quick_pipeline[0]
 
 
 def test_full_run_writes_the_report_and_every_stage_output(pipeline):
@@ -94,8 +87,8 @@ def test_the_report_gives_each_hardware_target_its_verdicts_as_a_roofline_estima
         assert f"### {heading}" in md and f">{heading}</h3>" in html
 
 
-def test_the_console_shows_each_long_stages_progress_and_no_empty_shell_commands(first_run):
-    console = first_run[1].stdout + first_run[1].stderr
+def test_the_console_shows_each_long_stages_progress_and_no_empty_shell_commands(quick_pipeline):
+    console = quick_pipeline[1].stdout + quick_pipeline[1].stderr
     assert "Shell command" not in console  # every rule runs a script: there is no shell command to show
     assert re.search(r"profile: +100%", console)
     assert "validate: trace 1 of 2:" in console and "validate: timing engine steps" in console

@@ -2,10 +2,11 @@
 
 Needs a SLURM cluster that answers (`sudo bash .ci/slurm-up.sh` starts a one-node one on
 this machine) and snakemake-executor-plugin-slurm (requirements-cluster.txt); skipped
-otherwise. The repository's working tree is copied twice into a temp dir; the quick
-pipeline runs in one copy locally, then in the other through profiles/slurm, after the
-local run's hardware-profile outputs were copied in (profiling is a local rule and its
-timings differ run to run, so only the downstream jobs run, as SLURM jobs). Then every
+otherwise. The quick pipeline the session already ran locally (conftest.py `quick_pipeline`,
+shared with the pipeline tests) is the local run; the repository's working tree is copied
+into a temp dir and the quick pipeline runs there through profiles/slurm, after the local
+run's hardware-profile outputs were copied in (profiling is a local rule and its timings
+differ run to run, so only the downstream jobs run, as SLURM jobs). Then every
 deterministic CSV/JSON file under results/ must be byte-identical.
 
 Run it alone with:  .venv/bin/python -m pytest -m slurm tests/test_slurm.py -v -s
@@ -32,8 +33,6 @@ SOURCE_DIR = Path(__file__).resolve().parents[1]  # the repository whose working
 QUICK_CONFIG = "config/quick.yaml"  # the quick config, relative to the repository root
 TARGETS: list[str] = []  # empty: the Snakefile's default rule (`all`)
 SLURM_PROFILE = "profiles/slurm"  # workflow profile of the SLURM run, relative to the root
-LOCAL_CORES = 2
-LOCAL_TIMEOUT_S = 1800
 SLURM_TIMEOUT_S = 2400
 
 # Outputs of the local profiling rule(s), relative to the run directory (glob patterns):
@@ -190,7 +189,7 @@ def _slurm_state(jobid: str) -> str:
 
 
 # --- the test ------------------------------------------------------------------------------
-def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, tmp_path: Path) -> None:
+def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, quick_pipeline, tmp_path: Path) -> None:
     if not (SOURCE_DIR / "Snakefile").is_file() and not (SOURCE_DIR / "workflow" / "Snakefile").is_file():
         pytest.skip(f"no Snakefile in {SOURCE_DIR} yet: nothing to run")
     assert (SOURCE_DIR / QUICK_CONFIG).is_file(), (
@@ -198,13 +197,10 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, tmp_path: Pat
         "must name the quick pipeline's config"
     )
 
-    local_dir, slurm_dir = tmp_path / "local", tmp_path / "slurm"
-    for d in (local_dir, slurm_dir):
-        d.mkdir()
-        _copy_working_tree(SOURCE_DIR, d)
-
-    # 1. locally
-    local_wall = _snakemake(local_dir, ["--cores", str(LOCAL_CORES)], LOCAL_TIMEOUT_S)
+    # 1. locally: the session's quick pipeline run (conftest.py), shared with the pipeline tests
+    local_dir, slurm_dir = quick_pipeline[0], tmp_path / "slurm"
+    slurm_dir.mkdir()
+    _copy_working_tree(SOURCE_DIR, slurm_dir)
 
     # 2. through SLURM, reusing the local hardware profile
     profile_files = _profile_files(local_dir)
@@ -224,7 +220,7 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, tmp_path: Pat
     for rule, _ in jobs.values():
         by_rule[rule] = by_rule.get(rule, 0) + 1
     print(
-        f"\nlocal run {local_wall:.1f}s; SLURM run {slurm_wall:.1f}s with {len(jobs)} SLURM jobs "
+        f"\nSLURM run {slurm_wall:.1f}s with {len(jobs)} SLURM jobs "
         f"{dict(sorted(by_rule.items()))}"
     )
     sweep = load_yaml((SOURCE_DIR / QUICK_CONFIG).read_text())["sweep"]
