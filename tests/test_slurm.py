@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from yaml import safe_load as load_yaml
 
+from test_pipeline import copy_repository
+
 pytestmark = pytest.mark.slurm
 
 # --- what is run -------------------------------------------------------------------------
@@ -94,25 +96,6 @@ def cluster() -> None:
 
 
 # --- helpers -------------------------------------------------------------------------------
-def _copy_working_tree(src: Path, dst: Path) -> None:
-    """Copy tracked and untracked-but-not-ignored files (no .venv, results/, .snakemake/)."""
-    listing = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=src, capture_output=True, text=True,
-    )
-    if listing.returncode == 0:
-        for rel in filter(None, listing.stdout.split("\0")):
-            s = src / rel
-            if s.is_file():  # deleted-but-tracked files are skipped
-                (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(s, dst / rel)
-    else:  # not a git checkout
-        shutil.copytree(
-            src, dst, dirs_exist_ok=True,
-            ignore=shutil.ignore_patterns(".git", ".venv", "results", ".snakemake", "__pycache__"),
-        )
-
-
 def _env(run_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     # jobs started by SLURM inherit this environment (sbatch --export=ALL): they find the
@@ -200,7 +183,7 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, quick_pipelin
     # 1. locally: the session's quick pipeline run (conftest.py), shared with the pipeline tests
     local_dir, slurm_dir = quick_pipeline[0], tmp_path / "slurm"
     slurm_dir.mkdir()
-    _copy_working_tree(SOURCE_DIR, slurm_dir)
+    copy_repository(slurm_dir)  # the pipeline tests' copy of the working tree, as for the local run
 
     # 2. through SLURM, reusing the local hardware profile
     profile_files = _profile_files(local_dir)

@@ -572,7 +572,6 @@ def validation_section(run: RunResults, workload: dict) -> dict | None:
         "ttft_tail_breaks_first": _ttft_tail_breaks_first(meta["headline"]),
         "policy_label": policies.label(meta["policy"]),
         "rows": rows,
-        "traces": meta["traces"],
         "served": [t for t in meta["traces"] if not t.get("skipped")],
         "truncated": [t for t in meta["traces"] if t.get("measured_truncated")],
         "skipped": [t for t in meta["traces"] if t.get("skipped")],
