@@ -1,0 +1,35 @@
+"""benchmarks/bench_pipeline.py groups a run's benchmark files into stages and sums them."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench_pipeline  # noqa: E402
+
+HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def write(path: Path, wall: float, cpu: float, rss: float = 100.0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEADER + f"{wall}\t0:00:01\t{rss}\t1\t1\t1\t0\t0\t50\t{cpu}\n")
+
+
+def test_stages_sum_their_jobs_and_the_measuring_stages_stand_apart(tmp_path, capsys):
+    bench = tmp_path / "benchmarks"
+    write(bench / "profile_abc123.tsv", 300.0, 550.0, rss=4000.0)
+    write(bench / "validate.tsv", 200.0, 390.0)
+    write(bench / "sweep" / "static_cap1.tsv", 10.0, 9.5)
+    write(bench / "sweep" / "static_cap2.tsv", 12.0, 11.5, rss=300.0)
+    write(bench / "machines" / "t4" / "capacity" / "static_cap1.tsv", 4.0, 3.0)
+    table = {row["stage"]: row for row in bench_pipeline.stage_table(tmp_path)}
+    assert set(table) == {"profile", "validate", "sweep", "machines/t4/capacity"}
+    assert table["sweep"]["jobs"] == 2 and table["sweep"]["wall_s"] == 22.0 and table["sweep"]["cpu_s"] == 21.0
+    assert table["sweep"]["max_rss_mb"] == 300.0
+    assert table["profile"]["measuring"] and table["validate"]["measuring"] and not table["sweep"]["measuring"]
+    assert bench_pipeline.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "simulation and rendering, all" in out and "24.0" in out  # 9.5 + 11.5 + 3.0 CPU s
+
+
+def test_a_run_without_benchmarks_is_one_line_and_exit_2(tmp_path, capsys):
+    assert bench_pipeline.main([str(tmp_path)]) == 2
+    assert "run the pipeline first" in capsys.readouterr().err
