@@ -158,3 +158,18 @@ def test_significant_refuses_what_has_no_digits():
         precision.significant(1.0, 0)
     with pytest.raises(ValueError):
         precision.measured_digits(float("inf"))
+
+
+def test_the_memory_figure_draws_the_measured_serving_memory_and_no_empty_bar():
+    memory = pd.DataFrame([{"max_num_seqs": cap, "policy": policy, "weights_bytes": 5e8, "kv_reserved_bytes": cap * 3e7,
+                            "kv_used_peak_bytes": (cap * 1e7 if policy != "static" else np.nan)}
+                           for cap in (8, 16) for policy in POLICIES])
+    fig = figures.memory_bars(memory, 2e9, [{"policy": "continuous_chunked", "cap": 16, "peak_rss_bytes": 1.98e9,
+                                              "sequences": 16, "context_tokens": 4000}])
+    labels = legend_labels(fig)
+    assert "measured peak RSS while serving (whole process)" in labels
+    assert f"KV used at peak: {names.display('static')}" not in labels
+    tick = next(line for line in fig.axes[0].get_lines() if line.get_marker() == "_")
+    assert tick.get_ydata()[0] == pytest.approx(1.98)
+    assert_no_code_name(fig)
+    plt.close(fig)

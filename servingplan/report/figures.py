@@ -491,9 +491,11 @@ def by_cap(latency: pd.DataFrame, column: str, rates: dict, ylabel: str, title: 
 
 # -- memory and cost -----------------------------------------------------------------------------------
 
-def memory_bars(memory: pd.DataFrame, budget_bytes: float) -> Figure:
+def memory_bars(memory: pd.DataFrame, budget_bytes: float, serving_rss: list[dict] = ()) -> Figure:
     """Per cap: weights + KV reserved for the maximum context, and weights + KV used at the
-    simulation's peak per policy, against the budget."""
+    simulation's peak per policy, against the budget; with the whole serving process's peak resident
+    memory measured at a (policy, cap) (results/validation/serving_memory.json's rows) as a bar of its own
+    kind on that policy's bar."""
     fig, axes = _figure(height=3.8)
     ax = axes[0, 0]
     caps = sorted(memory["max_num_seqs"].unique())
@@ -519,8 +521,15 @@ def memory_bars(memory: pd.DataFrame, budget_bytes: float) -> Figure:
                 bar(x, float(rows["kv_reserved_bytes"].iloc[0]) / 1e9, "#8c564b", "//", "KV reserved (max context)")
             else:
                 used = rows[rows["policy"] == name]["kv_used_peak_bytes"]
-                used_gb = float(used.iloc[0]) / 1e9 if len(used) and pd.notna(used.iloc[0]) else 0.0
-                bar(x, used_gb, POLICY_COLORS.get(name), None, f"KV used at peak: {policy_label(name)}")
+                # no bar (and no legend entry) where the simulation recorded no peak
+                if len(used) and pd.notna(used.iloc[0]):
+                    bar(x, float(used.iloc[0]) / 1e9, POLICY_COLORS.get(name), None, f"KV used at peak: {policy_label(name)}")
+                for measured in serving_rss:
+                    if measured["policy"] == name and measured["cap"] == cap:
+                        label = "measured peak RSS while serving (whole process)"
+                        ax.plot([x], [measured["peak_rss_bytes"] / 1e9], "_", ms=16, mew=2.5, color="black",
+                                label=None if label in labelled else label)
+                        labelled.add(label)
     ax.axhline(budget_bytes / 1e9, color=TARGET_COLOR, ls="--", lw=1.2, label=f"budget {budget_bytes / 1e9:g} GB")
     ax.set_xticks(range(len(caps)), [str(c) for c in caps])
     ax.set_xlabel(CAP_AXIS)
