@@ -51,11 +51,12 @@ from servingplan.planner import kv_blocks
 from servingplan.profiling.machine import roofline_probes
 from servingplan.profiling.measure import (GridPoint, build_grid, decode_lengths, point_call, pool_for,
                                            reference_points, time_call, time_references)
-from servingplan.serving.engine import Engine
+from servingplan.serving.engine import ENGINE_STEP_COLUMNS, Engine
 from servingplan.serving.replay import compare, predict_steps, request_pairs
 from servingplan.sim import simulate
 from servingplan.sim.policies import chunk_budget
 from servingplan.sim.simulator import SimResult
+from servingplan.sim.steps import STEP_COLUMNS
 from servingplan.workload import Trace, generate
 
 # batch sizes x longest context of the path check; its decode steps per engine run; rounds
@@ -396,7 +397,8 @@ def trace_of(entry: dict) -> Trace:
 
 
 def step_frame(rows: list[dict]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows)
+    """The engine's step rows as written by the replay (an engine that ran no step gave none)."""
+    frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS + ENGINE_STEP_COLUMNS))
     if len(frame):
         frame["prefill_calls"] = [[tuple(call) for call in calls] for calls in frame["prefill_calls"]]
     return frame

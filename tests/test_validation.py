@@ -233,3 +233,28 @@ def test_a_replay_survives_its_json_round_trip(model):
     back = result_from_json(json.loads(json.dumps(result_to_json(run.result))))
     pd.testing.assert_frame_equal(per_request(back), per_request(run.result))
     assert back.meta["errors"] == run.result.meta["errors"] and back.truncated == run.result.truncated
+
+
+def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, capsys):
+    """The two jobs end to end on the tiny model: the first trace outlasts the stage's serving time (so it
+    is cut, and said so), the second is skipped (and said so); the comparison still writes every figure
+    it has, and none it has not."""
+    import json
+    from servingplan.validation import run_comparison, run_replay
+    meta = {**profile_meta(), "memory": {"param_bytes": 10**6, "kv_bytes_per_token": 1000.0}}
+    workload = {"num_requests": 20, "rate": 1.0, "prompt": {"dist": "uniform", "min": 8, "max": 32},
+                "output": {"dist": "uniform", "min": 2, "max": 6}}
+    validation = {"rates_fraction": [0.02, 2.0], "trace_seconds": 1, "min_requests": 4, "policy": "continuous",
+                  "cap": 2, "max_wall_s": 1.5, "goal_pct": 10}
+    sweep = {"chunk_size": 512, "horizon_factor": 20.0}
+    memory = {"budget_gb": 1.0, "block_size": 16, "max_context": 64}
+    replayed = json.loads(json.dumps(run_replay(model, LINE, meta, tiny_points(meta["settings"]), workload,
+                                                validation, sweep, memory, seed=0, threads=1)))
+    assert [t["skipped"] for t in replayed["traces"]] == [False, True]
+    assert replayed["traces"][0]["result"]["truncated"]
+    said = capsys.readouterr().err
+    assert "trace 1 truncated" in said and "trace 2 of 2 (2 x the service rate) skipped" in said
+    out = run_comparison(replayed, LINE, meta, workload, validation, sweep, memory, seed=0)
+    assert out["meta"]["findings"]["skipped_traces"] == [2.0]
+    assert out["meta"]["findings"]["truncated_traces"] == [0.02]
+    assert [t["skipped"] for t in out["meta"]["traces"]] == [False, True]
