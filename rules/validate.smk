@@ -1,18 +1,58 @@
-# Replays Poisson traces through the real engine on this machine and compares with the simulator.
-# Like profiling it measures the machine, so it takes every core and stays local.
-# With an imported cost model (costmodel.source a file) nothing asks for it: that model is not this machine.
-localrules: validate
+# Validation in two jobs, and the serving memory of every (policy, cap).
+# - validate_replay serves Poisson traces through the real engine on this machine. Like profiling it
+#   measures the machine, so it takes every core and stays local. It depends on the engine, its step
+#   functions, the scheduler it drives and the cost model (its load reference), never on the simulator.
+# - validate sets the replay against the simulator: editing servingplan/sim/ reruns only this job.
+# With an imported cost model (costmodel.source a file) nothing asks for either: that model is not this machine.
+# - serving_memory_cell serves one (policy, cap)'s worst case in a process of its own and reads its peak
+#   resident memory; serving_memory gathers the cells for the planner's memory verdict.
+localrules: validate_replay, serving_memory_cell, serving_memory
+
+# the validation config the replay reads; the comparison reads goal_pct too
+VALIDATION_SWEEP = {k: config["sweep"][k] for k in ("chunk_size", "chunk_budget") if k in config["sweep"]}
 
 
-rule validate:
+rule validate_replay:
     # first in line once the cost model exists: the replays then run as close in time to the profile
     # as they can, before the simulation jobs heat the machine for minutes
     priority: 50
     input:
         costmodel=COSTMODEL,
         machine=rules.profile.output.machine,
+        points=rules.profile.output.points,
         trace=TRACE_FILE,
-        code=SIM_SOURCES + sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py"),
+        code=sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py", "sim/scheduler.py",
+                     "sim/policies.py", "sim/steps.py", "costmodel.py", "workload.py", "io.py", "pipeline.py",
+                     "device.py"),
+    output:
+        replay="results/validation/replay.json",
+    params:
+        validation={k: v for k, v in config["validation"].items() if k != "goal_pct"},
+        workload=config["workload"],
+        model=config["model"],
+        threads=config["profile"]["threads"],
+        sweep=VALIDATION_SWEEP,
+        memory=config["memory"],
+        seed=config["seed"],
+    threads: workflow.cores
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    log:
+        "results/logs/validate_replay.log",
+    benchmark:
+        "results/benchmarks/validate_replay.tsv"
+    script:
+        "../scripts/validate_replay.py"
+
+
+rule validate:
+    input:
+        replay=rules.validate_replay.output.replay,
+        costmodel=COSTMODEL,
+        machine=rules.profile.output.machine,
+        trace=TRACE_FILE,
+        code=SIM_SOURCES + sources("serving/replay.py", "validation.py"),
     output:
         summary=report("results/validation/comparison.csv", caption="../reports/captions/validation.rst",
                        category="Validation"),
@@ -23,18 +63,60 @@ rule validate:
     params:
         validation=config["validation"],
         workload=config["workload"],
-        model=config["model"],
-        profile=config["profile"],
-        sweep=config["sweep"],
+        sweep={**VALIDATION_SWEEP, "horizon_factor": config["sweep"]["horizon_factor"]},
         memory=config["memory"],
         seed=config["seed"],
-    threads: workflow.cores
+    threads: 1
     resources:
-        mem_mb=4000,
-        runtime=20,
+        mem_mb=2000,
+        runtime=10,
     log:
         "results/logs/validate.log",
     benchmark:
         "results/benchmarks/validate.tsv"
     script:
         "../scripts/validate.py"
+
+
+# One process per (policy, cap): a process's resident high-water mark never falls (see
+# servingplan/serving/memory_probe.py). A resident-memory reading is not a timing, so the cells need not
+# have the machine alone (one core each); they stay local, since a cluster node is not this machine.
+rule serving_memory_cell:
+    input:
+        code=sources("serving/*.py", "sim/scheduler.py", "sim/policies.py", "profiling/model.py",
+                     "profiling/machine.py", "io.py", "pipeline.py", "device.py"),
+    output:
+        "results/validation/memory/{policy}_cap{cap}.json",
+    params:
+        model=config["model"],
+        threads=config["profile"]["threads"],
+        sweep=VALIDATION_SWEEP,
+        memory={k: config["memory"][k] for k in ("max_context", "block_size")},
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=5,
+    log:
+        "results/logs/serving_memory/{policy}_cap{cap}.log",
+    benchmark:
+        "results/benchmarks/serving_memory/{policy}_cap{cap}.tsv"
+    script:
+        "../scripts/validate_memory.py"
+
+
+rule serving_memory:
+    input:
+        cells=expand("results/validation/memory/{cell}.json", cell=CELLS),
+        **({"machine": rules.profile.output.machine} if PROFILED else {}),
+        code=sources("serving/memory_probe.py", "io.py", "pipeline.py"),
+    output:
+        "results/validation/serving_memory.json",
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=2,
+    log:
+        "results/logs/serving_memory.log",
+    script:
+        "../scripts/validate_memory_collect.py"

@@ -9,8 +9,9 @@ from servingplan.costmodel import EXERCISE2
 from servingplan.profiling.model import load_model
 from servingplan.serving import Engine, compare, predict_steps, replay, request_pairs
 from servingplan.serving import kvpool
-from servingplan.serving.engine import STEP_COLUMNS
+from servingplan.serving.engine import ENGINE_STEP_COLUMNS
 from servingplan.sim import POLICIES, simulate
+from servingplan.sim.steps import STEP_COLUMNS
 from servingplan.workload import Trace
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 128, "vocab_size": 1000}
@@ -132,7 +133,8 @@ def test_timestamps_are_ordered_within_each_request_and_across_steps(model, trac
         assert result.arrival_s[i] <= result.scheduled_s[i] <= times[0]
         assert times[0] == result.first_token_s[i] and times[-1] == result.completion_s[i]
     steps = run.steps
-    assert list(steps.columns) == STEP_COLUMNS
+    # the shared recorder's columns, then the engine's own
+    assert list(steps.columns) == list(STEP_COLUMNS + ENGINE_STEP_COLUMNS)
     ends = (steps["start_s"] + steps["duration_s"]).to_numpy()
     assert np.all(steps["start_s"].to_numpy()[1:] >= ends[:-1])
     assert (steps["overhead_s"] >= 0).all() and steps["emitted"].sum() == trace.output_tokens.sum()
@@ -168,7 +170,7 @@ def test_compare_refuses_runs_of_different_traces(model, trace):
 def test_the_step_frame_is_empty_but_well_formed_when_nothing_runs(model):
     run = serve(model, Trace(np.array([0.0]), np.array([0]), np.array([3])), "continuous")
     assert isinstance(run.steps, pd.DataFrame) and run.steps.empty
-    assert list(run.steps.columns) == STEP_COLUMNS and list(run.errors) == [0]
+    assert list(run.steps.columns) == list(STEP_COLUMNS + ENGINE_STEP_COLUMNS) and list(run.errors) == [0]
 
 
 def test_slot_moves_keep_a_chunk_written_in_the_same_step(model):
@@ -189,3 +191,19 @@ def test_a_step_token_budget_in_the_real_engine_keeps_every_step_within_it(model
     assert (run.steps["batch"] + run.steps["prefill_tokens"] <= 8).all()
     assert ((run.steps["batch"] > 0) & (run.steps["prefill_tokens"] == 8 - run.steps["batch"])).any()
     assert_matches_reference(model, run, range(len(trace)))
+
+
+def test_idle_time_is_offered_between_steps_and_progress_counts_finished_requests(model):
+    # three requests far apart: the engine idles between them
+    trace = Trace(np.array([0.0, 0.3, 0.6]), np.array([5, 6, 7]), np.array([2, 2, 2]))
+    gaps, finished = [], []
+
+    def while_idle(gap_s, steps):
+        gaps.append((gap_s, len(steps)))
+    run = Engine(model, "continuous", 2, threads=THREADS).run(trace, WALL_S, seed=0, while_idle=while_idle,
+                                                              on_finished=finished.append)
+    assert run.result.finished.all()
+    # offered only while nothing runs, before a later arrival, and never longer than the wait for it
+    assert gaps and all(0 < gap <= 0.6 for gap, _ in gaps)
+    assert any(done_steps > 0 for _, done_steps in gaps)
+    assert finished[-1] == 3 and finished == sorted(finished)

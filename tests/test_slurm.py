@@ -44,8 +44,9 @@ PROFILE_OUTPUTS = ("results/profile/**/*",)
 
 # The sweep: one job per (policy, cap) cell of the quick config, each must be a SLURM job.
 SWEEP_RULE = "sweep_cell"
-# Local rules (`localrules:`): they measure or render on the submit host, never SLURM jobs.
-LOCAL_RULES = ("profile", "validate", "report")
+# Local rules (`localrules:`): they measure or render on the submit host, never SLURM jobs (the
+# comparison of validation with the simulator, `validate`, is a simulation and may go to a node).
+LOCAL_RULES = ("profile", "validate_replay", "serving_memory_cell", "report")
 
 # Compared byte for byte: these suffixes under results/ ...
 COMPARED_SUFFIXES = (".csv", ".json")

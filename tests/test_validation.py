@@ -5,8 +5,15 @@ import pytest
 
 from servingplan.profiling.measure import QUICK_PROFILE
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
+from servingplan.costmodel import CostModel
+from servingplan.metrics import per_request
+from servingplan.profiling.measure import GridPoint
+from servingplan.serving import Engine
 from servingplan.serving.replay import bootstrap_interval
-from servingplan.validation import SpeedProbe, agreement, headline, path_check, steps_by_batch, validation_traces
+from servingplan.validation import (ShapeRetimer, SpeedProbe, agreement, corrected_cost, corrected_times, corrections,
+                                    expected_max, findings, headline, path_check, result_from_json, result_to_json,
+                                    service_rate_rps, steps_by_batch, validation_traces)
+from servingplan.workload import Trace
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +53,17 @@ def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_request
     lo_many, hi_many = bootstrap_interval(many, "p90")
     assert hi_many - lo_many < hi - lo
     assert bootstrap_interval(few, "mean") == bootstrap_interval(few, "mean")
+
+
+def test_bootstrap_interval_is_scipys_bca_and_a_constant_has_no_spread():
+    from scipy import stats
+    values = np.random.default_rng(1).lognormal(size=40)
+    found = stats.bootstrap((values,), lambda x, axis: np.percentile(x, 90, axis=axis), vectorized=True,
+                            n_resamples=2000, confidence_level=0.9, method="BCa",
+                            rng=np.random.default_rng(0)).confidence_interval
+    assert bootstrap_interval(values, "p90") == (found.low, found.high)
+    assert bootstrap_interval(np.full(10, 3.0), "p99") == (3.0, 3.0)
+    assert bootstrap_interval(np.array([5.0]), "mean") == (5.0, 5.0)
 
 
 def comparison_rows(model_name, diff, inside):
@@ -89,9 +107,154 @@ def test_validation_replays_only_the_first_requests_of_a_trace_file(tmp_path):
                     + "".join(f"{i * 0.25},{16 + i},{8 + i % 5}\n" for i in range(500)))
     workload = {"num_requests": 120, "rate": 6.0, "trace": {"path": str(path)}}
     validation = {"rates_fraction": [0.5, 2.0], "trace_seconds": 5, "min_requests": 6}
-    traces = list(validation_traces(workload, validation, stable_rps=2.0, seed=0))
+    traces = list(validation_traces(workload, validation, reference_rps=2.0, seed=0))
     # 0.5 x 2 req/s for 5 s is 5 requests, raised to min_requests; 2 x 2 req/s for 5 s is 20
     assert [(fraction, rate, len(trace)) for fraction, rate, trace in traces] == [(0.5, 1.0, 6), (2.0, 4.0, 20)]
     for (_, rate, trace), n in zip(traces, (6, 20)):
         assert trace.prompt_tokens.tolist() == list(range(16, 16 + n))
         assert trace.mean_rate_rps == pytest.approx(rate)
+
+
+def test_expected_max_is_the_mean_largest_of_k_draws():
+    values = np.array([1.0, 2.0, 4.0])
+    draws = [max(a, b) for a in values for b in values]
+    assert expected_max(values, 2) == pytest.approx(np.mean(draws))
+    assert expected_max(values, 1) == pytest.approx(values.mean())
+
+
+def test_service_rate_is_the_cost_models_throughput_at_the_cap():
+    cost = CostModel(decode_fixed_s=0.01, decode_per_seq_s=0.0, decode_per_ctx_token_s=0.0, prefill_fixed_s=0.0,
+                     prefill_per_token_s=0.001)
+    trace = Trace(np.arange(4.0), np.array([100, 100, 100, 100]), np.array([11, 11, 11, 11]))
+    # per request: 0.1 s of prefill and 11 tokens at a quarter of a 10 ms step of 4 sequences
+    assert service_rate_rps(cost, [trace], 4) == pytest.approx(1 / (0.1 + 11 * 0.01 / 4))
+
+
+def step_rows(batch, n, duration, ctx=64, prefill=()):
+    return [{"batch": batch, "ctx_sum": batch * ctx, "ctx_max": ctx, "prefill_calls": list(prefill),
+             "n_prefill_calls": len(prefill), "duration_s": duration} for _ in range(n)]
+
+
+def readings(label, kind, batch, ratio, n=2):
+    return [{"label": label, "kind": kind, "batch": batch, "prompt_len": 1, "cached": 64, "ratio": ratio}] * n
+
+
+LINE = CostModel(decode_fixed_s=0.01, decode_per_seq_s=0.0, decode_per_ctx_token_s=0.0, prefill_fixed_s=0.0,
+                 prefill_per_token_s=0.001)
+
+
+def predicted(rows):
+    from servingplan.serving.replay import predict_steps
+    return predict_steps(pd.DataFrame(rows), LINE)
+
+
+def test_a_correction_is_applied_only_where_the_engines_steps_agree_with_it():
+    # batch 1: engine 20% slower than the model, points re-timed 15% slower: applied
+    # batch 2: engine 20% slower, points 20% faster: contradicted; batch 4: engine 5% slower, points 30%
+    # slower: it would overshoot, so not applied; batch 3: no point re-timed; prefill-only steps match
+    steps = predicted(step_rows(1, 30, 0.012) + step_rows(2, 30, 0.012) + step_rows(4, 30, 0.0105)
+                      + step_rows(3, 5, 0.01) + step_rows(0, 5, 0.1, prefill=[(100, 0)]))
+    retimed = pd.DataFrame(readings("trace 1", "decode", 1, 1.15) + readings("trace 1", "decode", 2, 0.8)
+                           + readings("trace 1", "decode", 4, 1.3) + readings("trace 2", "decode", 3, 2.0))
+    applied = {(row["kind"], row["batch"]): row for row in corrections(steps, retimed, "trace 1")}
+    assert applied["decode", 1]["status"] == "applied" and applied["decode", 1]["applied_factor"] == pytest.approx(1.15)
+    assert applied["decode", 2]["status"] == "contradicted" and applied["decode", 2]["applied_factor"] == 1.0
+    assert applied["decode", 4]["status"] == "no closer" and applied["decode", 4]["applied_factor"] == 1.0
+    assert applied["decode", 3]["status"] == "no evidence"
+    assert applied["prefill", 0]["status"] == "no evidence"
+    corrected = corrected_times(steps, LINE, list(applied.values()))
+    assert corrected[steps["batch"] == 1].iloc[0] == pytest.approx(0.0115)
+    assert corrected[steps["batch"] == 2].iloc[0] == pytest.approx(0.01)
+    model, decode, prefill = corrected_cost(LINE, list(applied.values()))
+    # step-weighted: 30 steps at 1.15 among 95 decode steps
+    assert decode == pytest.approx((30 * 1.15 + 65) / 95) and prefill == 1.0
+    assert model.decode_fixed_s == pytest.approx(0.01 * decode)
+
+
+def test_findings_give_each_gap_signed_with_its_direction():
+    rows = []
+    for fraction, ttft, tpot in ((0.45, -17.0, -16.0), (0.85, -22.0, 4.0), (1.3, 80.0, 90.0)):
+        for metric, stat, diff in (("ttft", "p90", ttft), ("tpot", "mean", tpot)):
+            rows.append({"metric": metric, "stat": stat, "diff_pct": diff, "load_fraction": fraction,
+                         "cost_model": "as_fitted", "measured_ms": 100.0, "simulated_ms": 100 + diff,
+                         "measured_lo_ms": 99.0, "measured_hi_ms": 101.0})
+    comparison = pd.DataFrame(rows)
+    comparison["agrees"] = agreement(comparison, 10.0)
+    steps = pd.DataFrame({"batch": [1] * 25, "n_prefill_calls": 0, "duration_s": 0.1, "predicted_s": 0.08,
+                          "corrected_s": 0.1, "error_pct": -20.0, "corrected_error_pct": 0.0})
+    traces = [{"load_fraction": 0.45, "skipped": False, "measured_truncated": True},
+              {"load_fraction": 1.3, "skipped": True}]
+    out = findings(comparison, steps_by_batch(steps), traces, [], {"goal_pct": 10})
+    gap = {(g["metric"], g["cost_model"]): g for g in out["requests"]}
+    ttft = gap["ttft", "as_fitted"]
+    assert ttft["diff_pct"] == [-17.0, -22.0] and ttft["loads"] == [0.45, 0.85]
+    assert ttft["direction"] == "optimistic" and (ttft["min_abs_pct"], ttft["max_abs_pct"]) == (17.0, 22.0)
+    assert gap["tpot", "as_fitted"]["direction"] == "mixed"
+    # nothing simulated on the corrected model here: no figure, and said so
+    assert gap["ttft", "drift_corrected"]["direction"] == "not measured"
+    assert gap["ttft", "drift_corrected"]["max_abs_pct"] is None
+    assert out["steps"] == [{"batch": 1, "steps": 25, "judged": True, "error_pct": -20.0, "direction": "optimistic",
+                             "corrected_error_pct": 0.0, "corrected_direction": "mixed", "within_goal": True}]
+    assert out["skipped_traces"] == [1.3] and out["truncated_traces"] == [0.45]
+
+
+def tiny_points(settings):
+    from servingplan.profiling.measure import build_grid
+    return pd.DataFrame([{"kind": p.kind, "batch": p.batch, "prompt_len": p.prompt_len, "cached": p.cached,
+                          "median_s": 0.001} for p in build_grid(settings)])
+
+
+def test_the_retimer_matches_served_shapes_and_uses_only_gaps_it_fits_in(model):
+    meta = profile_meta()
+    retimer = ShapeRetimer(model, meta, tiny_points(meta["settings"]), cap=2, seed=0)
+    served = [{"batch": 2, "ctx_max": 60, "prefill_calls": [(30, 0), (8, 16)]}, {"batch": 3, "ctx_max": 10,
+                                                                                  "prefill_calls": []}]
+    matched = retimer.matches(served)
+    contexts, lengths = meta["settings"]["decode_contexts"], meta["settings"]["prefill_lengths"]
+    nearest_context = min(contexts, key=lambda c: abs(np.log(c / 60)))
+    nearest_length = min(lengths, key=lambda n: abs(np.log(n / 30)))
+    # batch 3 is beyond the cap's profiled points, and a chunk after cached entries has no fresh-prompt point
+    assert matched == {GridPoint("decode", 2, 1, nearest_context): 1, GridPoint("prefill", 1, nearest_length, 0): 1}
+    use_gap = retimer.while_idle("trace 1")
+    use_gap(1e-6, served)
+    assert retimer.rows == []
+    use_gap(60.0, served)
+    assert {(row["kind"], row["batch"]) for row in retimer.rows} == {("decode", 2), ("prefill", 1)}
+    for row in retimer.rows:
+        assert row["label"] == "trace 1" and row["ratio"] == pytest.approx(row["seconds"] / 0.001)
+    retimer.catch_up(served, "trace 2")
+    assert sum(row["label"] == "trace 2" for row in retimer.rows) == 2
+
+
+def test_a_replay_survives_its_json_round_trip(model):
+    trace = Trace(np.array([0.0, 0.01, 0.02]), np.array([5, 9, 200]), np.array([3, 4, 2]))
+    run = Engine(model, "continuous", 2, threads=1).run(trace, 30.0, seed=0)
+    import json
+    back = result_from_json(json.loads(json.dumps(result_to_json(run.result))))
+    pd.testing.assert_frame_equal(per_request(back), per_request(run.result))
+    assert back.meta["errors"] == run.result.meta["errors"] and back.truncated == run.result.truncated
+
+
+def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, capsys):
+    """The two jobs end to end on the tiny model: the first trace outlasts the stage's serving time (so it
+    is cut, and said so), the second is skipped (and said so); the comparison still writes every figure
+    it has, and none it has not."""
+    import json
+    from servingplan.validation import run_comparison, run_replay
+    meta = {**profile_meta(), "memory": {"param_bytes": 10**6, "kv_bytes_per_token": 1000.0}}
+    workload = {"num_requests": 20, "rate": 1.0, "prompt": {"dist": "uniform", "min": 8, "max": 32},
+                "output": {"dist": "uniform", "min": 2, "max": 6}}
+    validation = {"rates_fraction": [0.02, 2.0], "trace_seconds": 1, "min_requests": 4, "policy": "continuous",
+                  "cap": 2, "max_wall_s": 1.5, "goal_pct": 10}
+    sweep = {"chunk_size": 512, "horizon_factor": 20.0}
+    memory = {"budget_gb": 1.0, "block_size": 16, "max_context": 64}
+    replayed = json.loads(json.dumps(run_replay(model, LINE, meta, tiny_points(meta["settings"]), workload,
+                                                validation, sweep, memory, seed=0, threads=1)))
+    assert [t["skipped"] for t in replayed["traces"]] == [False, True]
+    assert replayed["traces"][0]["result"]["truncated"]
+    said = capsys.readouterr().err
+    assert "trace 1 truncated" in said and "trace 2 of 2 (2 x the service rate) skipped" in said
+    out = run_comparison(replayed, LINE, meta, workload, validation, sweep, memory, seed=0)
+    assert out["meta"]["findings"]["skipped_traces"] == [2.0]
+    assert out["meta"]["findings"]["truncated_traces"] == [0.02]
+    assert [t["skipped"] for t in out["meta"]["traces"]] == [False, True]

@@ -30,14 +30,14 @@ from servingplan.serving.kvpool import KVPool, configure_allocator, decode_call,
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 from servingplan.sim.simulator import SimResult, queue_growth
+from servingplan.sim.steps import StepRecorder
 from servingplan.workload import Trace
 
 DEFAULT_MAX_WALL_S = 600.0
 WARMUP_PROMPT_TOKENS = 8
 
-STEP_COLUMNS = ["step", "start_s", "duration_s", "batch", "ctx_sum", "ctx_max", "prefill_calls",
-                "n_prefill_calls", "prefill_tokens", "admitted", "preempted", "emitted",
-                "prefill_s", "decode_s", "overhead_s", "kv_moved_tokens"]
+# the engine's own columns after the shared recorder's (servingplan.sim.steps.STEP_COLUMNS)
+ENGINE_STEP_COLUMNS = ("overhead_s", "kv_moved_tokens")
 
 
 def request_problem(prompt_tokens: int, output_tokens: int, n_positions: int,
@@ -57,7 +57,8 @@ def request_problem(prompt_tokens: int, output_tokens: int, n_positions: int,
 
 @dataclass
 class EngineRun:
-    """What one replay produced: the SimResult-shaped timeline, one row per step (STEP_COLUMNS),
+    """What one replay produced: the SimResult-shaped timeline, one row per step (the shared recorder's
+    STEP_COLUMNS, then ENGINE_STEP_COLUMNS),
     every request's prompt and generated token ids, and why each failed request failed."""
     result: SimResult
     steps: pd.DataFrame
@@ -86,20 +87,27 @@ class Engine:
         self.allocator = configure_allocator()
 
     @torch.inference_mode()
-    def run(self, trace: Trace, max_wall_s: float = DEFAULT_MAX_WALL_S, seed: int = 0) -> EngineRun:
+    def run(self, trace: Trace, max_wall_s: float = DEFAULT_MAX_WALL_S, seed: int = 0,
+            while_idle=None, on_finished=None) -> EngineRun:
         """Replay `trace`: request i arrives arrival_s[i] seconds after the start, with seeded random
         prompt token ids. Work left at `max_wall_s` is reported unfinished (the step running then
-        completes first)."""
+        completes first). `while_idle(gap_s, steps)`, when given, is called whenever the engine has
+        nothing to run and the next request arrives gap_s seconds later (`steps`: the step rows
+        recorded so far); it must return within gap_s, so that no request waits for it.
+        `on_finished(count)`, when given, is called after every step that finished requests, with how
+        many have finished so far (progress)."""
         if max_wall_s <= 0:
             raise ValueError(f"max_wall_s={max_wall_s}: must be > 0")
-        return _Run(self, trace, max_wall_s, seed).serve()
+        return _Run(self, trace, max_wall_s, seed, while_idle, on_finished).serve()
 
 
 class _Run:
     """The state of one Engine.run."""
 
-    def __init__(self, engine: Engine, trace: Trace, max_wall_s: float, seed: int):
+    def __init__(self, engine: Engine, trace: Trace, max_wall_s: float, seed: int, while_idle=None,
+                 on_finished=None):
         self.engine, self.model, self.max_wall_s = engine, engine.model, max_wall_s
+        self.while_idle, self.on_finished, self.finished_count = while_idle, on_finished, 0
         config = self.model.config
         n = len(trace)
         self.arrivals = np.asarray(trace.arrival_s, dtype=float)
@@ -132,7 +140,7 @@ class _Run:
         self.rejected = np.zeros(n, dtype=bool)
         self.spans = [[] for _ in range(n)]
         self.errors: dict[int, str] = {}
-        self.step_rows: list[dict] = []
+        self.recorder = StepRecorder(ENGINE_STEP_COLUMNS)
         self.queue_times: list[float] = []
         self.queue_waiting: list[int] = []
         self.peak_running = self.peak_blocks = self.peak_tokens = self.events = 0
@@ -160,6 +168,9 @@ class _Run:
             if step is None or step.empty:
                 if next_arrival >= n:
                     break
+                gap = min(self.arrivals_due[next_arrival], self.max_wall_s) - self._clock()
+                if self.while_idle is not None and gap > 0:
+                    self.while_idle(gap, self.recorder.rows)
                 time.sleep(max(0.0, min(self.arrivals_due[next_arrival], self.max_wall_s) - self._clock()))
                 continue
             self._run_step(step, now)
@@ -216,15 +227,13 @@ class _Run:
             self.spans[seq.id].append((start, 1, duration, 0.0))
         for seq in finished:
             self.done[seq.id] = end
+        self.finished_count += len(finished)
+        if finished and self.on_finished is not None:
+            self.on_finished(self.finished_count)
         self.peak_rss = max(self.peak_rss, self.process.memory_info().rss)
-        self.step_rows.append({
-            "step": len(self.step_rows), "start_s": start, "duration_s": duration, "batch": batch,
-            "ctx_sum": sum(contexts), "ctx_max": max(contexts, default=0), "prefill_calls": prefill_calls,
-            "n_prefill_calls": len(prefill_calls), "prefill_tokens": sum(n for n, _ in prefill_calls),
-            "admitted": len(step.admitted), "preempted": len(step.preempted), "emitted": len(emitted),
-            "prefill_s": prefill_s, "decode_s": decode_s,
-            "overhead_s": duration - prefill_s - decode_s, "kv_moved_tokens": moved,
-        })
+        self.recorder.record(start, duration, batch, sum(contexts), max(contexts, default=0), prefill_calls,
+                             len(step.admitted), len(step.preempted), len(emitted), prefill_s, decode_s,
+                             overhead_s=duration - prefill_s - decode_s, kv_moved_tokens=moved)
 
     def _abort(self, seqs: list, reason: str) -> None:
         for seq in seqs:
@@ -270,7 +279,7 @@ class _Run:
 
     # -- the result ---------------------------------------------------------------------------------
     def _outcome(self, truncated: bool) -> EngineRun:
-        steps = pd.DataFrame(self.step_rows, columns=STEP_COLUMNS)
+        steps = self.recorder.frame()
         engine = self.engine
         result = SimResult(
             arrival_s=self.arrivals, prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
@@ -279,7 +288,7 @@ class _Run:
             preemptions=np.array([s.preemptions for s in self.seqs], dtype=np.int64),
             recomputed_tokens=np.array([s.recomputed_tokens for s in self.seqs], dtype=np.int64),
             rejected=self.rejected, token_spans=self.spans, end_s=self._clock(), truncated=truncated,
-            steps=len(self.step_rows), events=self.events, peak_running=self.peak_running,
+            steps=len(self.recorder.rows), events=self.events, peak_running=self.peak_running,
             peak_kv_blocks=self.peak_blocks, peak_kv_tokens=self.peak_tokens,
             queue_growth=queue_growth(self.queue_times, self.queue_waiting), policy=engine.policy,
             max_num_seqs=engine.max_num_seqs, chunk_size=engine.chunk_size,

@@ -10,13 +10,18 @@ The metrics are servingplan.metrics' (TTFT = f - a, TPOT = (c - f)/(N - 1) for N
 linear percentiles). compare() uses only the requests that finished in both runs, so the two sides
 describe the same population; diff_pct is (simulated - measured) / measured, the cost model's error.
 measured_lo_ms and measured_hi_ms bound a bootstrap 90% interval of each measured statistic
-(BOOTSTRAP_RESAMPLES resamples of the requests, seeded): a p90 over 40 requests is itself uncertain,
-and a simulated value inside that interval agrees with the measurement as far as the trace can tell.
+(scipy.stats.bootstrap, bias-corrected and accelerated, BOOTSTRAP_RESAMPLES resamples of the requests,
+seeded): a p90 over 40 requests is itself uncertain, and a simulated value inside that interval agrees
+with the measurement as far as the trace can tell. BCa corrects the percentile interval's bias and
+skew, which for a tail percentile of a few dozen requests is large.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from servingplan.costmodel import CostModel
 from servingplan.metrics import per_request, percentile
@@ -37,7 +42,8 @@ def replay(trace: Trace, model, policy: str, max_num_seqs: int, chunk_size: int 
            chunk_budget: str = DEFAULT_CHUNK_BUDGET) -> tuple[SimResult, pd.DataFrame]:
     """Serve `trace` in real time on `model` (a loaded GPT-2, see profiling.model.load_model).
     The SimResult's meta holds "errors" ({request id: reason}) and "unfinished" (ids cut off by
-    max_wall_s); the steps frame has servingplan.serving.engine.STEP_COLUMNS."""
+    max_wall_s); the steps frame has servingplan.sim.steps.STEP_COLUMNS, then the engine's
+    ENGINE_STEP_COLUMNS."""
     run = Engine(model, policy, max_num_seqs, chunk_size, kv_blocks, block_size, threads, chunk_budget).run(
         trace, max_wall_s, seed)
     return run.result, run.steps
@@ -56,12 +62,24 @@ def statistic(values: np.ndarray, stat: str, axis=None):
 
 
 def bootstrap_interval(values: np.ndarray, stat: str, level: float = 0.90) -> tuple[float, float]:
-    """The central `level` interval of `stat` over resamples of `values` with replacement."""
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    resampled = values[rng.integers(len(values), size=(BOOTSTRAP_RESAMPLES, len(values)))]
-    estimates = statistic(resampled, stat, axis=1)
-    tail = 100 * (1 - level) / 2
-    return float(np.percentile(estimates, tail)), float(np.percentile(estimates, 100 - tail))
+    """The BCa bootstrap interval at `level` of `stat` over resamples of `values` with replacement,
+    seeded (BOOTSTRAP_SEED), so the same values give the same interval. Values that cannot vary (one
+    request, or all equal) have nothing to resample: the interval is the value itself. Where BCa has no
+    answer (its bias correction is infinite when every resample lies on one side of the estimate, as
+    for a percentile sitting on a run of ties) the plain percentile interval is given."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2 or np.all(values == values[0]):
+        value = float(statistic(values, stat))
+        return value, value
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+            found = stats.bootstrap((values,), lambda sample, axis: statistic(sample, stat, axis=axis),
+                                    vectorized=True, n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=level,
+                                    method=method, rng=np.random.default_rng(BOOTSTRAP_SEED)).confidence_interval
+        if np.isfinite(found.low) and np.isfinite(found.high):
+            break
+    return float(found.low), float(found.high)
 
 
 def compare(measured: SimResult, simulated: SimResult) -> pd.DataFrame:

@@ -1,0 +1,23 @@
+from servingplan.io import write_json
+from servingplan.pipeline import run_stage
+from servingplan.profiling.machine import configure_threads
+from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
+from servingplan.serving.kvpool import configure_allocator
+from servingplan.serving.memory_probe import serve_worst_case
+from servingplan.sim.policies import chunk_budget
+
+
+def main(sm):
+    p = sm.params
+    # the engine's process settings: its malloc setting (before the model is loaded) and its threads
+    configure_allocator()
+    configure_threads(p.threads or None)
+    tiny = p.model.get("tiny", False)
+    model, _ = load_model("random" if tiny else p.model["source"], p.seed, QUICK_CONFIG_OVERRIDES if tiny else None,
+                          p.model.get("device", "cpu"))
+    write_json(sm.output[0], serve_worst_case(model, sm.wildcards.policy, int(sm.wildcards.cap),
+                                              p.memory["max_context"], p.sweep["chunk_size"],
+                                              chunk_budget(p.sweep), p.memory["block_size"]))
+
+
+run_stage(snakemake, main)

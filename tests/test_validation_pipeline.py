@@ -1,0 +1,54 @@
+"""Validation's two jobs and the serving memory file, in the shared quick pipeline run."""
+import json
+
+import yaml
+
+from test_pipeline import QUICK, edited, planned_rules, snakemake
+
+
+def test_a_simulator_edit_reruns_the_comparison_but_not_the_real_time_replay(quick_pipeline):
+    pipeline = quick_pipeline[0]
+    # a real edit: Snakemake compares content, so touching the file alone changes nothing
+    with edited(pipeline / "servingplan" / "sim" / "simulator.py", "\n# edited\n"):
+        rules = planned_rules(pipeline)
+    assert "validate" in rules and "validate_replay" not in rules
+    assert "profile" not in rules
+
+
+def test_the_replay_gives_the_comparison_findings_with_directions(quick_pipeline):
+    pipeline = quick_pipeline[0]
+    meta = json.loads((pipeline / "results/validation/validation.json").read_text())
+    replay = json.loads((pipeline / "results/validation/replay.json").read_text())
+    assert [t["load_fraction"] for t in replay["traces"]] == [t["load_fraction"] for t in meta["traces"]]
+    findings = meta["findings"]
+    for gap in findings["requests"]:
+        assert gap["direction"] in ("optimistic", "pessimistic", "mixed", "not measured")
+        assert len(gap["diff_pct"]) == len(gap["loads"]) == gap["judged"]
+    for row in meta["corrections"]:
+        assert row["status"] in ("applied", "contradicted", "no closer", "no evidence", "no steps")
+        assert (row["applied_factor"] == 1.0) == (row["status"] != "applied")
+    console = quick_pipeline[1].stdout + quick_pipeline[1].stderr
+    assert "validate: trace 1 of 2:" in console
+    # a line per batch of finished requests (on a busy machine a trace may be cut before any finished)
+    if any(not t["skipped"] and t["measured_finished"] for t in meta["traces"]):
+        assert "requests finished" in console
+    for trace in meta["traces"]:
+        if trace["skipped"]:
+            assert f"({trace['load_fraction']:g} x the service rate) skipped" in console
+        elif trace["measured_truncated"]:
+            assert "truncated at" in console
+
+
+def test_serving_memory_has_one_row_per_policy_and_cap(quick_pipeline):
+    pipeline = quick_pipeline[0]
+    snakemake(pipeline, "results/validation/serving_memory.json")
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    memory = json.loads((pipeline / "results/validation/serving_memory.json").read_text())
+    assert set(memory) == {"rows", "profiler_peak_rss_bytes"}
+    assert [(row["policy"], row["cap"]) for row in memory["rows"]] == sorted(
+        (policy, cap) for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"])
+    machine = json.loads((pipeline / "results/profile").glob("*/machine.json").__next__().read_text())
+    assert memory["profiler_peak_rss_bytes"] == machine["memory"]["peak_rss_bytes"]
+    for row in memory["rows"]:
+        assert set(row) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens"}
+        assert row["sequences"] == row["cap"] and row["peak_rss_bytes"] > 0
