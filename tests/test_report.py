@@ -189,6 +189,17 @@ def exercise2_outputs(config: dict):
     return _EXERCISE2_CACHE[key]
 
 
+def serving_memory(validation: dict | None) -> dict | None:
+    """The engine's measured serving memory in the planner's input form (contract 1 of the notes:
+    results/validation/serving_memory.json), one row at the validated policy and cap."""
+    if validation is None:
+        return None
+    return {"rows": [{"policy": validation["policy"], "cap": validation["max_num_seqs"],
+                      "peak_rss_bytes": validation["serving_memory"]["peak_rss_bytes"],
+                      "sequences": validation["max_num_seqs"], "context_tokens": 0}],
+            "profiler_peak_rss_bytes": None}
+
+
 def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_validation: bool = True):
     """Every input of the report rule for `scenario`, written under `directory`: (inputs, config)."""
     config = small_config(scenario, title)
@@ -238,7 +249,8 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     validation = read_json(validation_paths["validation_meta"]) if with_validation else None
     write_json(paths["recommendation"], planner.recommend(latency, capacity, pd.read_csv(paths["memory"]), fleets,
                                                           config["cost"], config["slo"], config["workload"], seeds,
-                                                          step_model=fitted, machine=meta, validation=validation))
+                                                          step_model=fitted, machine=meta,
+                                                          serving_memory=serving_memory(validation)))
 
     ex2 = exercise2_outputs(config)
     write_json(paths["exercise2"], ex2.answers)
