@@ -3,11 +3,17 @@ import hashlib
 import json
 import os
 
-from servingplan.config import PROFILE_SOURCE, check_or_exit, costmodel_source, simulation_seeds
+from servingplan.config import HERE, PROFILE_SOURCE, check_or_exit, costmodel_source, simulation_seeds
+from servingplan.pipeline import canonical, config_keys
 from servingplan.profiling.machine import fingerprint
 from servingplan.sim.policies import wildcard as policy_wildcard
 
 check_or_exit(config)
+# Every rule's params are built from this config: in canonical key order, the same values restated in
+# another order (a re-saved config.yaml) give the same params and rerun nothing.
+_canonical_config = canonical(config)
+config.clear()
+config.update(_canonical_config)
 
 # The profile describes the machine snakemake was started on. Cluster jobs re-read this file on their
 # node and inherit the submit host's environment, so they keep its fingerprint instead of their own.
@@ -21,10 +27,27 @@ PROFILED = COSTMODEL_SOURCE == PROFILE_SOURCE
 SEEDS = simulation_seeds(config)
 CELLS = [f"{policy}_cap{cap}" for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]]
 HARDWARE = {target["name"]: target for target in config.get("hardware", [])}
+# The machines the planner sizes the service on: this one (HERE, its own cost model) and each target of
+# config `hardware` (the cost model carried over to it by the roofline). Every simulation rule runs per
+# {machine}: a machine's results are under results/machines/{machine}/.
+MACHINES = [HERE, *HARDWARE]
+MACHINE_DIR = "results/machines/{machine}"
 
 wildcard_constraints:
     policy=policy_wildcard(),
     cap=r"\d+",
+    machine=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+
+
+def machine_path(name):
+    """A per-machine output pattern as an input function: `name` under the job's machine directory."""
+    return lambda wildcards: f"results/machines/{wildcards.machine}/{name}"
+
+
+def machine_cells(pattern, **dimensions):
+    """An input function: `pattern` (with {cell} or {cap}) under the job's machine directory, for each
+    value of `dimensions`."""
+    return lambda wildcards: expand(f"results/machines/{wildcards.machine}/{pattern}", **dimensions)
 
 
 def repository_files(pattern):

@@ -1,118 +1,154 @@
-# Planning: fleets and speed-ups (price-independent), memory, then the recommendation.
-# The price is a parameter of `recommend` alone, so changing it reruns only `recommend` and the report.
+# Planning, per machine: fleets and speed-ups (price-independent), memory, then the machine's
+# recommendation at its price; `decide` then picks across machines. A machine's price is a parameter of
+# its `recommend` alone, so changing it reruns only that, `decide` and the report.
+
+
+def machine_cost(wildcards):
+    """The cost section as a machine's recommendation reads it: a target's own price per hour when its
+    entry states one, else cost.price_per_hour."""
+    price = HARDWARE.get(wildcards.machine, {}).get("price_per_hour")
+    return config_keys({**config["cost"], **({"price_per_hour": price} if price is not None else {})})
+
+
+def machine_label(name):
+    """How the decision names a machine, and whether its numbers are measured (this machine's profile)
+    or estimated (a carried-over cost model). An imported cost model is someone else's measurement."""
+    if name == HERE:
+        return {"machine": HERE, "display_name": "this machine", "measured": PROFILED}
+    return {"machine": name, "display_name": HARDWARE[name].get("description") or name, "measured": False}
+
+
+rule carry_over:
+    """A target machine's step-time model: this machine's carried over by the roofline."""
+    input:
+        costmodel=COSTMODEL,
+        machine=MACHINE_JSON,
+        code=sources("hardware.py", "architecture.py", "costmodel.py"),
+    output:
+        costmodel=f"{MACHINE_DIR}/costmodel.json",
+        terms=f"{MACHINE_DIR}/carry_over.json",
+    params:
+        model=config_keys(config["model"]),
+        # the roofline alone: a target's description or price reaches its recommendation only
+        target=lambda wildcards: config_keys(HARDWARE[wildcards.machine], keep=("name", "bandwidth_gbs", "gflops")),
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    log:
+        "results/logs/{machine}/carry_over.log",
+    script:
+        "../scripts/carry_over.py"
 
 
 rule fleet_cell:
     input:
-        costmodel=COSTMODEL,
+        costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
         code=SIM_SOURCES + sources("planner.py"),
     output:
-        "results/fleet/cells/{policy}_cap{cap}.json",
+        f"{MACHINE_DIR}/fleet/cells/{{policy}}_cap{{cap}}.json",
     params:
-        **SIM_PARAMS,
-        capacity=config["capacity"],
-        cost=dict((k, v) for k, v in config["cost"].items() if k in ("max_replicas", "routers")),
+        **sim_params(drop=("chunk_sizes", "rates")),
+        capacity=config_keys(config["capacity"]),
+        cost=config_keys(config["cost"], keep=("max_replicas", "routers")),
     threads: 1
     resources:
         mem_mb=1000,
         runtime=30,
     log:
-        "results/logs/fleet/{policy}_cap{cap}.log",
+        "results/logs/{machine}/fleet/{policy}_cap{cap}.log",
     benchmark:
-        "results/benchmarks/fleet/{policy}_cap{cap}.tsv"
+        "results/benchmarks/{machine}/fleet/{policy}_cap{cap}.tsv"
     script:
         "../scripts/fleet_cell.py"
 
 
-# Each target machine of config `hardware`: the planner's cells re-run on the cost model carried over by
-# the roofline, one job per target (its cells run one after another: a faster target's searches are short).
-rule hardware_target:
-    input:
-        costmodel=COSTMODEL,
-        machine=MACHINE_JSON,
-        code=SIM_SOURCES + sources("planner.py", "hardware.py", "architecture.py"),
-    output:
-        "results/plan/hardware/{target}.json",
-    params:
-        **SIM_PARAMS,
-        capacity=config["capacity"],
-        cost=dict((k, v) for k, v in config["cost"].items() if k in ("max_replicas", "routers")),
-        model=config["model"],
-        # the roofline alone: a target's description or price reaches `recommend` only
-        target=lambda wildcards: {k: HARDWARE[wildcards.target][k] for k in ("name", "bandwidth_gbs", "gflops")},
-        cells=[[policy, cap] for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"]],
-    wildcard_constraints:
-        target=r"[A-Za-z0-9][A-Za-z0-9._-]*",
-    threads: 1
-    resources:
-        mem_mb=1000,
-        runtime=60,
-    log:
-        "results/logs/hardware/{target}.log",
-    benchmark:
-        "results/benchmarks/hardware/{target}.tsv"
-    script:
-        "../scripts/hardware_target.py"
-
-
 rule memory:
+    """Weights + KV per (policy, cap) on one machine: the reservation, and its simulations' peak."""
     input:
         machine=MACHINE_JSON,
         latency=rules.collect.output.latency,
         code=sources("memory.py"),
     output:
-        table=report("results/plan/memory.csv", caption="../reports/captions/memory.rst", category="Plan"),
-        summary="results/plan/memory.json",
+        table=report(f"{MACHINE_DIR}/memory.csv", caption="../reports/captions/memory.rst", category="Plan"),
+        summary=f"{MACHINE_DIR}/memory.json",
     params:
-        memory=config["memory"],
-        caps=config["sweep"]["caps"],
+        memory=config_keys(config["memory"]),
         rate=config["workload"]["rate"],
     threads: 1
     resources:
         mem_mb=500,
         runtime=5,
     log:
-        "results/logs/memory.log",
+        "results/logs/{machine}/memory.log",
     script:
         "../scripts/memory.py"
 
 
+def serving_memory(wildcards):
+    """The serving process's peak memory per (policy, cap) measured on this machine (contract 1,
+    validate.smk, which is included after this file, so it is looked up when the job is built). A
+    target is judged on the arithmetic alone: that process is this machine's, which no target shares."""
+    if wildcards.machine != HERE or not PROFILED or "serving_memory" not in rules.validate.output.keys():
+        return {}
+    return {"serving_memory": rules.validate.output.serving_memory}
+
+
 rule recommend:
+    """One machine's configurations judged against the four targets, at that machine's price."""
     input:
+        unpack(serving_memory),
         latency=rules.collect.output.latency,
         capacity=rules.collect.output.capacity,
         memory=rules.memory.output.table,
-        fleet=expand("results/fleet/cells/{cell}.json", cell=CELLS),
-        costmodel=COSTMODEL,
+        fleet=machine_cells("fleet/cells/{cell}.json", cell=CELLS),
+        costmodel=costmodel_of,
         machine=MACHINE_JSON,
-        # the engine's measured serving memory judges the memory target (validate.smk is included after
-        # this file, so its output is named by path); an imported cost model has no validation
-        **({"validation": "results/validation/validation.json"} if PROFILED else {}),
-        hardware=expand("results/plan/hardware/{target}.json", target=HARDWARE),
         trace=TRACE_FILE,
-        code=sources("money.py", "planner.py", "seeds.py", "hardware.py", "workload.py"),
+        code=sources("money.py", "planner.py", "seeds.py", "workload.py", "capacity.py"),
     output:
-        report("results/plan/recommendation.json", caption="../reports/captions/recommendation.rst",
+        report(f"{MACHINE_DIR}/recommendation.json", caption="../reports/captions/recommendation.rst",
                category="Recommendation"),
-        # each target machine's verdicts: they depend on the price, so they are decided here
-        hardware="results/plan/hardware_verdicts.json",
     params:
-        cost=config["cost"],
-        slo=config["slo"],
-        workload=config["workload"],
-        memory=config["memory"],
-        hardware=list(HARDWARE.values()),
+        cost=machine_cost,
+        slo=config_keys(config["slo"]),
+        workload=config_keys(config["workload"]),
         seeds=SEEDS,
+        label=lambda wildcards: machine_label(wildcards.machine),
     threads: 1
     resources:
         mem_mb=500,
         runtime=5,
     log:
-        "results/logs/recommend.log",
+        "results/logs/{machine}/recommend.log",
     script:
         "../scripts/recommend.py"
+
+
+rule decide:
+    """The one decision across machines: the cheapest deployment meeting all four targets (or the
+    closest), the ranked options, one line per machine, and the routes to the targets."""
+    input:
+        recommendations=expand(f"{MACHINE_DIR}/recommendation.json", machine=MACHINES),
+        terms=expand(f"{MACHINE_DIR}/carry_over.json", machine=list(HARDWARE)),
+        code=sources("planner.py", "money.py"),
+    output:
+        decision=report("results/plan/decision.json", caption="../reports/captions/recommendation.rst",
+                        category="Recommendation"),
+        # each target's verdicts and carry-over, in the layout the report's target section reads
+        hardware="results/plan/hardware_verdicts.json",
+    params:
+        targets=[config_keys(target) for target in HARDWARE.values()],
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    log:
+        "results/logs/decide.log",
+    script:
+        "../scripts/decide.py"
 
 
 rule exercise2:
@@ -125,7 +161,7 @@ rule exercise2:
         chunk_sweep="results/exercise2/chunk_sweep.csv",
         curve="results/exercise2/curve.csv",
     params:
-        exercise2=config["exercise2"],
+        exercise2=config_keys(config["exercise2"]),
         seed=config["seed"],
     threads: 1
     resources:

@@ -1,12 +1,22 @@
-# One job per (policy, cap) cell, so `--cores N` or a cluster executor runs the cells in parallel.
+# One job per (machine, policy, cap) cell, so `--cores N` or a cluster executor runs the cells in
+# parallel. A cell's params are the config keys it reads and no more: the policy and cap come from its
+# wildcards, so adding a cap, a policy or a target adds cells and reruns none of the others.
 
-SIM_PARAMS = dict(
-    workload=config["workload"],
-    slo=config["slo"],
-    sweep=config["sweep"],
-    memory=config["memory"],
-    seeds=SEEDS,
-)
+
+def costmodel_of(wildcards):
+    """The step-time model a machine's cells simulate: this machine's (fitted or imported), or the one
+    carried over to a target by the roofline (rule carry_over, plan.smk)."""
+    return COSTMODEL if wildcards.machine == HERE else f"results/machines/{wildcards.machine}/costmodel.json"
+
+
+def sim_params(drop=()):
+    return dict(
+        workload=config_keys(config["workload"]),
+        slo=config_keys(config["slo"]),
+        sweep=config_keys(config["sweep"], drop=("caps", "policies", *drop)),
+        memory=config_keys(config["memory"], keep=("block_size", "budget_gb")),
+        seeds=SEEDS,
+    )
 
 
 rule workload:
@@ -17,7 +27,7 @@ rule workload:
     output:
         report("results/workload/workload.json", caption="../reports/captions/workload.rst", category="Workload"),
     params:
-        workload=config["workload"],
+        workload=config_keys(config["workload"]),
     threads: 1
     resources:
         mem_mb=1000,
@@ -30,87 +40,104 @@ rule workload:
 
 rule sweep_cell:
     input:
-        costmodel=COSTMODEL,
+        costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
         code=SIM_SOURCES,
     output:
-        "results/sweep/cells/{policy}_cap{cap}.csv",
+        f"{MACHINE_DIR}/sweep/cells/{{policy}}_cap{{cap}}.csv",
     params:
-        **SIM_PARAMS,
+        **sim_params(drop=("chunk_sizes",)),
     threads: 1
     resources:
         mem_mb=1000,
         runtime=15,
     log:
-        "results/logs/sweep/{policy}_cap{cap}.log",
+        "results/logs/{machine}/sweep/{policy}_cap{cap}.log",
     benchmark:
-        "results/benchmarks/sweep/{policy}_cap{cap}.tsv"
+        "results/benchmarks/{machine}/sweep/{policy}_cap{cap}.tsv"
     script:
         "../scripts/sweep_cell.py"
 
 
 rule chunk_cell:
     input:
-        costmodel=COSTMODEL,
+        costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
         code=SIM_SOURCES + sources("planner.py"),
     output:
-        "results/sweep/chunks/cap{cap}.csv",
+        f"{MACHINE_DIR}/sweep/chunks/cap{{cap}}.csv",
     params:
-        **SIM_PARAMS,
+        **sim_params(drop=("rates",)),
     threads: 1
     resources:
         mem_mb=1000,
         runtime=15,
     log:
-        "results/logs/chunks/cap{cap}.log",
+        "results/logs/{machine}/chunks/cap{cap}.log",
     benchmark:
-        "results/benchmarks/chunks/cap{cap}.tsv"
+        "results/benchmarks/{machine}/chunks/cap{cap}.tsv"
     script:
         "../scripts/chunk_cell.py"
 
 
 rule capacity_cell:
     input:
-        costmodel=COSTMODEL,
+        costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
         code=SIM_SOURCES,
     output:
-        "results/capacity/cells/{policy}_cap{cap}.json",
+        f"{MACHINE_DIR}/capacity/cells/{{policy}}_cap{{cap}}.json",
     params:
-        **SIM_PARAMS,
-        capacity=config["capacity"],
+        **sim_params(drop=("chunk_sizes", "rates")),
+        capacity=config_keys(config["capacity"]),
     threads: 1
     resources:
         mem_mb=1000,
         runtime=30,
     log:
-        "results/logs/capacity/{policy}_cap{cap}.log",
+        "results/logs/{machine}/capacity/{policy}_cap{cap}.log",
     benchmark:
-        "results/benchmarks/capacity/{policy}_cap{cap}.tsv"
+        "results/benchmarks/{machine}/capacity/{policy}_cap{cap}.tsv"
     script:
         "../scripts/capacity_cell.py"
 
 
 rule collect:
+    """One machine's cells as its latency and capacity tables."""
     input:
-        sweep=expand("results/sweep/cells/{cell}.csv", cell=CELLS),
-        capacity=expand("results/capacity/cells/{cell}.json", cell=CELLS),
-        chunks=expand("results/sweep/chunks/cap{cap}.csv", cap=config["sweep"]["caps"]),
+        sweep=machine_cells("sweep/cells/{cell}.csv", cell=CELLS),
+        capacity=machine_cells("capacity/cells/{cell}.json", cell=CELLS),
         code=sources("pipeline.py", "io.py", "planner.py"),
     output:
-        latency=report("results/sweep/latency.csv", caption="../reports/captions/latency.rst", category="Simulation"),
-        chunks="results/sweep/chunk_sweep.csv",
-        capacity=report("results/capacity/capacity.csv", caption="../reports/captions/capacity.rst",
+        latency=report(f"{MACHINE_DIR}/latency.csv", caption="../reports/captions/latency.rst", category="Simulation"),
+        capacity=report(f"{MACHINE_DIR}/capacity.csv", caption="../reports/captions/capacity.rst",
                         category="Simulation"),
     threads: 1
     resources:
         mem_mb=1000,
         runtime=5,
     log:
-        "results/logs/collect.log",
+        "results/logs/{machine}/collect.log",
     script:
         "../scripts/collect.py"
+
+
+rule collect_chunks:
+    """One machine's chunk cells as its chunk table (the report's chunking comparison reads this
+    machine's; the planner reads none)."""
+    input:
+        chunks=machine_cells("sweep/chunks/cap{cap}.csv", cap=config["sweep"]["caps"]),
+        code=sources("pipeline.py", "io.py"),
+    output:
+        f"{MACHINE_DIR}/chunk_sweep.csv",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "results/logs/{machine}/collect_chunks.log",
+    script:
+        "../scripts/collect_chunks.py"

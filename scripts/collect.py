@@ -7,7 +7,6 @@ from servingplan.planner import capacity_rows
 
 def main(sm):
     write_csv(sm.output.latency, pd.concat([pd.read_csv(p) for p in sm.input.sweep], ignore_index=True))
-    write_csv(sm.output.chunks, pd.concat([pd.read_csv(p) for p in sm.input.chunks], ignore_index=True))
     write_csv(sm.output.capacity, pd.DataFrame([row for p in sm.input.capacity for row in capacity_rows(read_json(p))]))
 
 

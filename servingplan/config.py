@@ -21,6 +21,9 @@ SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
 
 
 PROFILE_SOURCE = "profile"
+# The machine id of the machine the pipeline runs on, beside the `hardware` targets' names: no target
+# may take it.
+HERE = "here"
 
 
 class ConfigError(ValueError):
@@ -215,6 +218,9 @@ def _check_hardware(targets: list[dict], costmodel: str) -> None:
                           "the cost model was measured on, which an imported cost model does not carry")
     seen = set()
     for i, target in enumerate(targets):
+        if target["name"] == HERE:
+            raise ConfigError(f"config error: hardware[{i}].name = {HERE!r}: reserved for the machine the "
+                              "pipeline runs on; give the target another name")
         if target["name"] in seen:
             raise ConfigError(f"config error: hardware[{i}].name = {target['name']!r}: must differ from every other "
                               "target's name")

@@ -14,15 +14,14 @@ A term bound by memory on both machines scales with bandwidth alone, one bound b
 float32 rate alone. The result is an estimate from the roofline, not a measurement: it assumes the
 target's kernels reach the same share of its peak as this machine's reached of its probes.
 
-`carry_over` is pure; `target_plan` re-runs the planner's cells on the carried-over model.
+`carry_over` is pure; the pipeline's rule carry_over writes a target's model, and the planner's cells
+run on it as on this machine's (rules/simulate.smk, rules/plan.smk, machine wildcard).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pandas as pd
-
-from servingplan import architecture, planner
+from servingplan import architecture
 from servingplan.costmodel import CostModel
 
 GB = 1e9
@@ -107,50 +106,3 @@ def here_roofline(machine: dict) -> dict:
     probes = machine["roofline"]
     return {"name": "this machine", "bandwidth_gbs": float(probes["bandwidth_gbs"]),
             "gflops": float(probes["gemm_gflops"])}
-
-
-def target_plan(cost: CostModel, machine: dict, model_cfg: dict, target: dict, cells: list[tuple[str, int]],
-                workload: dict, slo: dict, sweep: dict, memory: dict, seeds: list[int], capacity: dict,
-                cost_cfg: dict) -> dict:
-    """What the recommendation needs for one target machine, price aside: the carried-over model with
-    its per-term scale factors, and per (policy, cap) cell the latency at today's rate and the capacity
-    target rate, the capacity (TTFT target and keeping up, with the speed band) and the fleet and
-    speed-up searches, all from the planner's own cell functions with the same seeds."""
-    here = here_roofline(machine)
-    scaled, terms = carry_over(cost, architecture.architecture(model_cfg), here, target)
-    today_only = {**sweep, "rates": [workload["rate"]]}
-    args = (workload, slo, sweep, memory, seeds)
-    latency = pd.concat([planner.sweep_cell(scaled, machine, p, c, workload, slo, today_only, memory, seeds)
-                         for p, c in cells], ignore_index=True)
-    capacity_rows = [row for p, c in cells
-                     for row in planner.capacity_rows(planner.capacity_cell(scaled, machine, p, c, *args, capacity,
-                                                                            criteria=("ttft_slo", "stable")))]
-    # the speed-up's interval over the speed band is not reported for a target: one search, not three
-    fleets = [planner.fleet_cell(scaled, machine, p, c, *args, capacity, cost_cfg, speedup_band=False)
-              for p, c in cells]
-    return {"target": dict(target), "here": here, "terms": terms, "costmodel": scaled.to_dict(),
-            # an undefined figure (an unstable run's percentile) as null, so the file is plain JSON
-            "latency": latency.astype(object).where(latency.notna(), None).to_dict(orient="records"),
-            "capacity": capacity_rows, "fleet": fleets}
-
-
-def target_verdicts(plan: dict, target: dict, machine: dict, cost_cfg: dict, slo: dict, workload: dict,
-                    memory_cfg: dict, seeds: list[int]) -> dict:
-    """The recommendation for `target` (its config entry) from its `target_plan`, at the target's own
-    price per hour (the config's cost.price_per_hour when it states none); memory by this machine's
-    arithmetic, which the model's shape sets, with the KV peak of the target's own simulations. The memory
-    the engine measured while serving here is not part of it: that is this machine's process (its runtime
-    and allocator), which no target shares, and a measurement that varies run to run."""
-    if plan["target"]["name"] != target["name"]:
-        raise ValueError(f"hardware plan of {plan['target']['name']!r} given for target {target['name']!r}")
-    price_given = target.get("price_per_hour") is not None
-    priced = {**cost_cfg, "price_per_hour": target["price_per_hour"] if price_given else cost_cfg["price_per_hour"]}
-    latency = pd.DataFrame(plan["latency"])
-    memory, _ = planner.memory_table(machine, latency, memory_cfg, workload["rate"])
-    recommendation = planner.recommend(latency, pd.DataFrame(plan["capacity"]), memory, plan["fleet"], priced, slo,
-                                       workload, seeds, step_model=CostModel.from_dict(plan["costmodel"]),
-                                       machine=machine)
-    return {"name": target["name"], "description": target.get("description", ""),
-            "bandwidth_gbs": plan["target"]["bandwidth_gbs"], "gflops": plan["target"]["gflops"],
-            "price_per_hour": priced["price_per_hour"], "price_given": price_given,
-            "here": plan["here"], "terms": plan["terms"], "recommendation": recommendation}

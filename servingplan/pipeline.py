@@ -12,6 +12,25 @@ from servingplan.config import ConfigError
 _terminal = None
 
 
+def canonical(value):
+    """`value` with every mapping rebuilt in sorted key order, recursively (lists keep their order: it
+    can mean something). Snakemake reruns a job when its params differ from the last run's as written,
+    so a config restated with its keys in another order must give the same params."""
+    if isinstance(value, dict):
+        return {key: canonical(value[key]) for key in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [canonical(item) for item in value]
+    return value
+
+
+def config_keys(section: dict, keep=None, drop=()) -> dict:
+    """The keys of a config section one rule reads, in canonical form: those named in `keep` (all when
+    None) except those in `drop`. A rule's params built this way change only when a key it reads does,
+    so adding a cap or a target to the config adds jobs and reruns none of the others."""
+    names = section if keep is None else [k for k in keep if k in section]
+    return canonical({k: section[k] for k in names if k not in drop})
+
+
 def terminal():
     """Where a long stage reports its progress: the terminal snakemake runs in, while everything else
     the stage prints goes to its log (outside a stage: stderr)."""

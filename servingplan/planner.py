@@ -13,6 +13,7 @@ import pandas as pd
 from servingplan import money
 from servingplan.costmodel import CostModel
 from servingplan.capacity import Criterion, capacity_in_band, log_bisect, speed_band_models
+from servingplan.config import HERE
 from servingplan.memory import GB, kv_blocks_for_budget, memory_plan
 from servingplan.metrics import SLO, summarize
 from servingplan.seeds import over_seeds
@@ -278,12 +279,10 @@ def prefill_floor(step_model: CostModel, traces, percentile: float) -> dict:
             "longest_prompt": longest, "longest_prompt_ms": step_model.prefill_time(longest) * 1e3}
 
 
-def _serving_memory(validation: dict | None) -> dict | None:
-    measured = (validation or {}).get("serving_memory")
-    if not measured or measured.get("peak_rss_bytes") is None:
-        return None
-    return {"peak_rss_bytes": float(measured["peak_rss_bytes"]), "max_num_seqs": measured.get("max_num_seqs"),
-            "policy": (validation or {}).get("policy")}
+def _measured_memory(serving_memory: dict | None) -> dict[tuple[str, int], dict]:
+    """The serving process's peak memory measured on this machine, by (policy, cap)
+    (results/validation/serving_memory.json)."""
+    return {(row["policy"], int(row["cap"])): row for row in (serving_memory or {}).get("rows", [])}
 
 
 def _speed(machine: dict | None) -> dict | None:
@@ -293,20 +292,41 @@ def _speed(machine: dict | None) -> dict | None:
     return {"moved_pct": float(speed["moved_pct"]), "moved_more_than_10pct": bool(speed["moved_more_than_10pct"])}
 
 
+THIS_MACHINE = {"machine": HERE, "display_name": "this machine", "measured": True}
+
+
+def _fleet_replicas(found: int, single_capacity: dict, target_rate: float, max_replicas: int) -> int:
+    """Replicas of a fleet judged on the pessimistic end: the fewest the fleet search found to meet both
+    latency targets, raised until that many machines at the low end of one machine's capacity interval
+    hold the capacity target rate (a round-robin share of Poisson arrivals is no burstier than Poisson,
+    so each replica holds at least that); the search's own count when even max_replicas would not."""
+    low = (single_capacity["interval"] or [single_capacity["rps"]] * 2)[0]
+    if not low or single_capacity["never_met"]:
+        return found
+    needed = max(found, math.ceil(target_rate / low - 1e-12))
+    return needed if needed <= max_replicas else found
+
+
 def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.DataFrame, fleet_cells: list[dict],
               cost_cfg: dict, slo: dict, workload: dict, seeds: list[int], step_model: CostModel,
-              machine: dict | None = None, validation: dict | None = None) -> dict:
-    """The whole decision as data: every configuration scored against the four targets, the cheapest
-    that meets all (or the closest), the one physical reason when none does, what it would take, the
-    next step, and the intervals of the headline figures. The report only formats this."""
+              machine: dict | None = None, serving_memory: dict | None = None, label: dict | None = None) -> dict:
+    """One machine's decision as data: every configuration (one machine, or a fleet of it) scored
+    against the four targets on the pessimistic end of each interval, the cheapest that meets all (or
+    the closest), the one physical reason when none does, what it would take, the next step, the
+    options in the decision's form (`decide` ranks them across machines) and the routes to the targets.
+    `serving_memory` (this machine only) is the serving process's measured peak per (policy, cap); a
+    (policy, cap) without a row, and every target machine, is judged on the reservation. `label` names
+    the machine (THIS_MACHINE when not given). The report only formats this."""
+    label = dict(label or THIS_MACHINE)
     price = cost_cfg["price_per_hour"]
     demand = offered_tokens_per_s(workload, seeds)
     today_rate = float(workload["rate"])
+    target_rate = float(slo["capacity_target_rate"])
     pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
     today = over_seeds(latency[np.isclose(latency["rate"], today_rate)], ["policy", "max_num_seqs"], spread=True)
     mem_rows = memory.set_index(["policy", "max_num_seqs"])
     fleets = {(c["policy"], c["max_num_seqs"]): c for c in fleet_cells}
-    serving_memory = _serving_memory(validation)
+    measured_memory = _measured_memory(serving_memory)
 
     candidates = []
     for cell in today.to_dict(orient="records"):
@@ -316,6 +336,9 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
         served = _defined(cell["throughput_tok_s"])
         capacity = _capacity_row(capacity_frame, "ttft_slo", policy, cap)
         keeps_up = _capacity_row(capacity_frame, "stable", policy, cap)
+        measured = measured_memory.get((policy, cap))
+        slowest = _defined(cell.get("throughput_tok_s_min")) if served else None
+        fastest = _defined(cell.get("throughput_tok_s_max")) if served else None
         row = {
             "policy": policy, "max_num_seqs": cap, "replicas": 1, "router": None,
             "stable_today": cell["stable"],
@@ -327,9 +350,12 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
             "keeps_up_rps": keeps_up["rps"], "keeps_up_interval": keeps_up["interval"],
             "memory_bytes": float(mem_row["total_reserved_bytes"]),
             "memory_used_peak_bytes": float(mem_row["total_used_peak_bytes"]),
-            "memory_measured_bytes": serving_memory["peak_rss_bytes"] if serving_memory else None,
+            "memory_measured_bytes": float(measured["peak_rss_bytes"]) if measured else None,
             "budget_bytes": float(mem_row["budget_bytes"]),
             "cost_per_1k": money.cost_per_1k_tokens(price, 1, served) if served else None,
+            # dollars per 1,000 tokens at the seeds' highest and lowest served throughput
+            "cost_per_1k_interval": [money.cost_per_1k_tokens(price, 1, fastest or served),
+                                     money.cost_per_1k_tokens(price, 1, slowest or served)] if served else None,
             "throughput_tok_s": served,
             "speedup_needed": fleet["speedup_needed"],
             "speedup_bracket": fleet.get("speedup_bracket"),
@@ -338,16 +364,20 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
         for router, found in fleet["fleets"].items():
             if found["feasible"] and found["replicas"] > 1:
                 detail = found["detail"]
-                fleet_row = dict(row, replicas=found["replicas"], router=router, stable_today=True,
-                                 latency_ms=detail["today"]["ttft_ms_mean"], latency_ms_range=None,
-                                 capacity_rps=None, capacity_interval=None, capacity_target_met=True,
-                                 cost_per_1k=money.cost_per_1k_tokens(price, found["replicas"], demand),
-                                 throughput_tok_s=demand)
+                replicas = _fleet_replicas(found["replicas"], capacity, target_rate, cost_cfg["max_replicas"])
+                per_machine = capacity["interval"] or [capacity["rps"]] * 2
+                fleet_cost = money.cost_per_1k_tokens(price, replicas, demand)
+                fleet_row = dict(row, replicas=replicas, router=router, replicas_searched=found["replicas"],
+                                 stable_today=True, latency_ms=detail["today"]["ttft_ms_mean"],
+                                 latency_ms_range=None, capacity_rps=replicas * capacity["rps"],
+                                 capacity_interval=[replicas * per_machine[0], replicas * per_machine[1]],
+                                 capacity_never_met=False, cost_per_1k=fleet_cost,
+                                 cost_per_1k_interval=[fleet_cost, fleet_cost], throughput_tok_s=demand)
                 candidates.append(_judge(fleet_row, slo, cost_cfg))
 
     passing = [c for c in candidates if c["passes_all"]]
     if passing:
-        chosen = min(passing, key=lambda c: (c["cost_per_1k"], c["replicas"], -(c["capacity_rps"] or 0)))
+        chosen = min(passing, key=lambda c: (c["cost_per_1k_interval"][1], c["replicas"], -(c["capacity_rps"] or 0)))
         status = "met"
     else:
         chosen = min((c for c in candidates if c["replicas"] == 1),
@@ -355,14 +385,20 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
                                     c["latency_ms"] if c["latency_ms"] is not None else math.inf))
         status = "not_met"
     takes = _what_it_would_take(fleets, memory, price, demand, cost_cfg, chosen, today_rate, capacity_frame)
-    floor = prefill_floor(step_model, traces(workload, seeds), slo["ttft_percentile"])
+    draws = traces(workload, seeds)
+    floor = prefill_floor(step_model, draws, slo["ttft_percentile"])
     reason = _reason(status, chosen, floor, slo, takes)
+    chosen_measured = measured_memory.get((chosen["policy"], chosen["max_num_seqs"]))
+    options = [_option(c, slo, cost_cfg, demand, price, label["measured"]) for c in candidates]
     return {
+        "label": label,
         "status": status,
         "targets": list(TARGETS),
         "chosen": chosen,
-        "verdict": _verdict(chosen, slo, cost_cfg, serving_memory),
+        "verdict": _verdict(chosen, slo, cost_cfg),
         "candidates": candidates,
+        "options": sorted(options, key=_rank),
+        "routes": _routes(step_model, draws, slo, candidates, price, demand),
         "offered_tokens_per_s": demand,
         "price_per_hour": price,
         "prefill_floor": floor,
@@ -370,7 +406,9 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
         "what_it_would_take": takes,
         "next_step": _next_step(status, reason, takes),
         "machine_speed": _speed(machine),
-        "serving_memory": serving_memory,
+        # the measurement the chosen configuration's memory verdict read, if there is one
+        "serving_memory": {"peak_rss_bytes": float(chosen_measured["peak_rss_bytes"]), "policy": chosen["policy"],
+                           "max_num_seqs": chosen["max_num_seqs"]} if chosen_measured else None,
         "passed": [t for t in TARGETS if chosen[f"{t}_met"]],
         "missed": [t for t in TARGETS if not chosen[f"{t}_met"]],
     }
@@ -381,16 +419,136 @@ def _defined(value) -> float | None:
 
 
 def _judge(row: dict, slo: dict, cost_cfg: dict) -> dict:
-    row["latency_met"] = row["latency_ms"] is not None and row["latency_ms"] <= slo["ttft_ms"]
-    if "capacity_target_met" not in row:
-        row["capacity_target_met"] = row["capacity_rps"] >= slo["capacity_target_rate"]
+    """The four verdicts of one configuration, each on the pessimistic end of its interval: the slowest
+    seed's TTFT percentile, the low end of the capacity interval, the measured serving memory where
+    there is one (else the reservation), the dearest end of the cost."""
+    worst_ms = row["latency_ms_range"][1] if row["latency_ms_range"] else row["latency_ms"]
+    row["latency_met"] = row["latency_ms"] is not None and worst_ms <= slo["ttft_ms"]
+    lowest_rps = (row["capacity_interval"] or [row["capacity_rps"]])[0]
+    row["capacity_target_met"] = not row["capacity_never_met"] and lowest_rps >= slo["capacity_target_rate"]
     row["capacity_met"] = row["capacity_target_met"]
-    row["memory_met"] = row["memory_bytes"] <= row["budget_bytes"] and (
-        row["memory_measured_bytes"] is None or row["memory_measured_bytes"] <= row["budget_bytes"])
-    row["cost_met"] = row["cost_per_1k"] is not None and row["cost_per_1k"] <= cost_cfg["target_per_1k_tokens"]
+    judged_bytes = row["memory_measured_bytes"] if row["memory_measured_bytes"] is not None else row["memory_bytes"]
+    row["memory_met"] = judged_bytes <= row["budget_bytes"]
+    row["cost_met"] = (row["cost_per_1k_interval"] is not None
+                       and row["cost_per_1k_interval"][1] <= cost_cfg["target_per_1k_tokens"])
     row["n_pass"] = sum(bool(row[f"{t}_met"]) for t in TARGETS)
     row["passes_all"] = row["n_pass"] == len(TARGETS)
     return row
+
+
+def _option(row: dict, slo: dict, cost_cfg: dict, demand: float, price: float, measured: bool) -> dict:
+    """A judged configuration in the decision's form (contract 2 in the developers' notes, without the
+    machine's name, which `decide` adds): four verdicts with the figure each read, its interval and its
+    basis, and dollars per 1,000 tokens as an interval. A configuration that does not keep up serves no
+    defined share of the traffic, so its dollars are those of the traffic asked."""
+    basis = "simulated" if measured else "estimated"
+    if row["replicas"] > 1:
+        basis += f" ({row['replicas']} replicas)"
+    unstable = not row["stable_today"]
+    latency_range = row["latency_ms_range"] or [None, None]
+    capacity_range = row["capacity_interval"] or [None, None]
+    dollars = row["cost_per_1k_interval"] or [money.cost_per_1k_tokens(price, row["replicas"], demand)] * 2
+    measured_bytes = row["memory_measured_bytes"]
+    verdicts = {
+        "latency": {"pass": row["latency_met"], "value": row["latency_ms"], "low": latency_range[0],
+                    "high": latency_range[1], "target": float(slo["ttft_ms"]), "unit": "ms",
+                    "basis": "unstable: the queue grows" if unstable else basis},
+        "capacity": {"pass": row["capacity_met"], "value": row["capacity_rps"], "low": capacity_range[0],
+                     "high": capacity_range[1], "target": float(slo["capacity_target_rate"]), "unit": "req/s",
+                     "basis": basis},
+        "memory": {"pass": row["memory_met"],
+                   "value": measured_bytes if measured_bytes is not None else row["memory_bytes"],
+                   "low": None, "high": None, "target": row["budget_bytes"], "unit": "bytes",
+                   "basis": "measured" if measured_bytes is not None else
+                   "reserved (weights + KV for every sequence at the longest context; no serving measurement "
+                   "at this policy and cap)"},
+        "cost": {"pass": row["cost_met"], "value": row["cost_per_1k"], "low": dollars[0], "high": dollars[1],
+                 "target": float(cost_cfg["target_per_1k_tokens"]), "unit": "$ per 1,000 tokens",
+                 "basis": "unstable: the traffic asked, not served" if unstable else basis},
+    }
+    misses = [t for t in TARGETS if not verdicts[t]["pass"]]
+    return {"replicas": row["replicas"], "router": row["router"], "policy": row["policy"],
+            "cap": row["max_num_seqs"], "verdicts": verdicts,
+            "usd_per_1k": {"value": row["cost_per_1k"] if row["cost_per_1k"] is not None else dollars[1],
+                           "low": dollars[0], "high": dollars[1]},
+            "meets_all": not misses, "misses": misses}
+
+
+def _rank(option: dict):
+    """Options that meet all four targets first, then the cheapest at the dear end of its interval."""
+    return (not option["meets_all"], option["usd_per_1k"]["high"], option["replicas"], option["policy"], option["cap"])
+
+
+def _as_interval(values: list[float], value: float) -> dict:
+    return {"value": float(value), "low": float(min(values)), "high": float(max(values))}
+
+
+def _routes(step_model: CostModel, draws, slo: dict, candidates: list[dict], price: float, demand: float) -> dict:
+    """The two routes to the targets and their cheapest mix. The prefill speed-up: the factor by which
+    prefill must shrink for the prompts alone to meet the TTFT percentile (no fleet lowers that floor),
+    over the measured speed band. The replicas: the fewest machines that keep up with the capacity target
+    rate, from the best configuration that fits memory (its stable rate's interval). The mix: every term
+    sped up by the pessimistic prefill factor, then the fewest such machines that keep up (a model s times
+    faster keeps up with exactly s times the rate: the simulation's time scales)."""
+    ttft = float(slo["ttft_ms"])
+    models = [step_model, *speed_band_models(step_model).values()]
+    factors = [max(1.0, prefill_floor(model, draws, slo["ttft_percentile"])["floor_ms"] / ttft) for model in models]
+    prefill = None if max(factors) <= 1.0 else _as_interval(factors, factors[0])
+    fitting = [c for c in candidates if c["replicas"] == 1 and c["memory_met"] and c["keeps_up_rps"]
+               and (c["keeps_up_interval"] or [c["keeps_up_rps"]])[0]]
+    if not fitting:
+        return {"prefill_speedup": prefill, "replicas_to_keep_up": None, "replicas_usd_per_1k": None,
+                "cheapest_mix": None}
+    best = max(fitting, key=lambda c: ((c["keeps_up_interval"] or [c["keeps_up_rps"]])[0], c["keeps_up_rps"]))
+    rps = best["keeps_up_rps"]
+    low, high = best["keeps_up_interval"] or [rps, rps]
+    rate = float(slo["capacity_target_rate"])
+
+    def machines(speedup: float, one_machine_rps: float) -> int:
+        return math.ceil(rate / (speedup * one_machine_rps) - 1e-12)
+
+    def dollars(counts: list[int]) -> dict:
+        value, *ends = (money.cost_per_1k_tokens(price, n, demand) for n in counts)
+        return _as_interval(ends, value)
+
+    counts = [machines(1.0, rps), machines(1.0, high), machines(1.0, low)]
+    speedup = prefill["high"] if prefill else 1.0
+    mix = [machines(speedup, rps), machines(speedup, high), machines(speedup, low)]
+    return {"prefill_speedup": prefill,
+            "replicas_to_keep_up": _as_interval(counts[1:], counts[0]),
+            "replicas_usd_per_1k": dollars(counts),
+            "cheapest_mix": {"speedup": speedup, "replicas": mix[2], "usd_per_1k": dollars(mix)}}
+
+
+def decide(recommendations: list[dict]) -> dict:
+    """The one decision across machines from each machine's `recommend`: every option of every machine
+    ranked (meets all four targets first, then the cheapest at the dear end of its dollars), the pick
+    (the first, when it meets all), else the closest (the most targets met, then the cheapest) with what
+    it misses, one line per machine with its best option, and this machine's routes to the targets."""
+    options = [{**rec["label"], **option} for rec in recommendations for option in rec["options"]]
+    ranked = sorted(options, key=lambda o: (*_rank(o)[:3], o["machine"], *_rank(o)[3:]))
+    pick = ranked[0] if ranked and ranked[0]["meets_all"] else None
+    closest = None if pick or not ranked else min(
+        ranked, key=lambda o: (len(o["misses"]), o["usd_per_1k"]["high"], o["replicas"]))
+    machines = []
+    for rec in recommendations:
+        best = next(o for o in ranked if o["machine"] == rec["label"]["machine"])
+        machines.append({**rec["label"], "best": best, "meets_all": best["meets_all"], "misses": best["misses"]})
+    here = next((rec for rec in recommendations if rec["label"]["machine"] == HERE), None)
+    routes = here["routes"] if here else {"prefill_speedup": None, "replicas_to_keep_up": None,
+                                          "replicas_usd_per_1k": None, "cheapest_mix": None}
+    return {"pick": pick, "closest": closest, "options": ranked, "machines": machines, "routes": routes}
+
+
+def hardware_verdicts(targets: list[tuple[dict, dict, dict]]) -> dict:
+    """Each target machine's carry-over and recommendation, from (its config entry, its carry_over.json,
+    its recommendation), in the layout of results/plan/hardware_verdicts.json."""
+    return {"targets": [
+        {"name": target["name"], "description": target.get("description", ""),
+         "bandwidth_gbs": target["bandwidth_gbs"], "gflops": target["gflops"],
+         "price_per_hour": rec["price_per_hour"], "price_given": target.get("price_per_hour") is not None,
+         "here": carried["here"], "terms": carried["terms"], "recommendation": rec}
+        for target, carried, rec in targets]}
 
 
 def _keep_up(chosen: dict, today_rate: float, price: float, demand: float) -> dict | None:
@@ -490,7 +648,7 @@ def _next_step(status: str, reason: dict, takes: dict) -> str:
     return "fleet" if takes["cheapest_fleet"]["within_cost"] else "fleet_over_cost"
 
 
-def _verdict(chosen: dict, slo: dict, cost_cfg: dict, serving_memory: dict | None) -> list[dict]:
+def _verdict(chosen: dict, slo: dict, cost_cfg: dict) -> list[dict]:
     """One row per target: what was asked, what the chosen configuration achieved (with its interval),
     and whether it passed; `unstable` marks a figure that does not exist because the queue grows."""
     unstable = not chosen["stable_today"]
@@ -503,8 +661,8 @@ def _verdict(chosen: dict, slo: dict, cost_cfg: dict, serving_memory: dict | Non
          "held_by_fleet": chosen["replicas"] > 1, "passed": chosen["capacity_met"]},
         {"target": "memory", "goal_bytes": chosen["budget_bytes"], "achieved": chosen["memory_bytes"],
          "used_peak_bytes": chosen["memory_used_peak_bytes"],
-         "measured_bytes": serving_memory["peak_rss_bytes"] if serving_memory else None,
-         "measured_cap": serving_memory["max_num_seqs"] if serving_memory else None,
+         "measured_bytes": chosen["memory_measured_bytes"],
+         "measured_cap": chosen["max_num_seqs"] if chosen["memory_measured_bytes"] is not None else None,
          "passed": chosen["memory_met"]},
         {"target": "cost", "goal_per_1k": cost_cfg["target_per_1k_tokens"], "achieved": chosen["cost_per_1k"],
          "unstable": unstable, "passed": chosen["cost_met"]},

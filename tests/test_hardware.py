@@ -7,11 +7,12 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 import test_report
-from servingplan import architecture, hardware
+from servingplan import architecture, hardware, planner
 from servingplan.config import ConfigError, check, simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_json
@@ -113,6 +114,8 @@ def quick_config() -> dict:
                                            "digits, '.', '_' or '-', starting with a letter or digit"),
     (lambda t: t[1].update(name=t[0]["name"]), "config error: hardware[1].name = 'laptop-ryzen7-7840u': must differ "
                                                "from every other target's name"),
+    (lambda t: t[1].update(name="here"), "config error: hardware[1].name = 'here': reserved for the machine the "
+                                         "pipeline runs on; give the target another name"),
     (lambda t: t[0].update(description="a\nb"), "config error: hardware[0].description = 'a\\nb': must be one line "
                                                 "without control characters (newline, tab, ...)"),
     (lambda t: t[0].update(price_per_hour="cheap"), "config error: hardware[0].price_per_hour = 'cheap': must be of "
@@ -149,6 +152,31 @@ def hardware_report(tmp_path_factory):
         return render_with_targets(tmp_path_factory.mktemp("hardware"))
 
 
+def plan_machine(cost: CostModel, machine: dict, config: dict, cells, seeds, label: dict, price=None) -> dict:
+    """What the pipeline's per-machine rules compute for one machine, in process: its cells on `cost`
+    (sweep_cell, capacity_cell, fleet_cell), collected, its memory table, and its recommendation."""
+    args = (config["workload"], config["slo"], config["sweep"], config["memory"], seeds)
+    latency = pd.concat([planner.sweep_cell(cost, machine, p, c, *args) for p, c in cells], ignore_index=True)
+    capacity = pd.DataFrame([row for p, c in cells for row in
+                             planner.capacity_rows(planner.capacity_cell(cost, machine, p, c, *args, config["capacity"]))])
+    fleets = [planner.fleet_cell(cost, machine, p, c, *args, config["capacity"], config["cost"]) for p, c in cells]
+    memory, _ = planner.memory_table(machine, latency, config["memory"], config["workload"]["rate"])
+    priced = {**config["cost"], **({"price_per_hour": price} if price is not None else {})}
+    return planner.recommend(latency, capacity, memory, fleets, priced, config["slo"], config["workload"], seeds,
+                             step_model=cost, machine=machine, label=label)
+
+
+def plan_target(cost: CostModel, machine: dict, config: dict, target: dict, cells, seeds) -> tuple[dict, dict]:
+    """A target as the pipeline plans it: the carried-over model (rule carry_over), then the same cells
+    and recommendation as this machine's; (its recommendation, its carry_over.json)."""
+    here = hardware.here_roofline(machine)
+    roofline = {k: target[k] for k in ("name", "bandwidth_gbs", "gflops")}
+    carried, terms = hardware.carry_over(cost, architecture.architecture(config["model"]), here, roofline)
+    label = {"machine": target["name"], "display_name": target.get("description") or target["name"], "measured": False}
+    return (plan_machine(carried, machine, config, cells, seeds, label, target.get("price_per_hour")),
+            {"target": roofline, "here": here, "terms": terms})
+
+
 def render_with_targets(root: Path) -> dict:
     inputs, config = test_report.build_run(root / "inputs", "all_fail")
     machine, cost = read_json(inputs["machine"]), CostModel.from_dict(read_json(inputs["costmodel"]))
@@ -159,12 +187,11 @@ def render_with_targets(root: Path) -> dict:
                           gpu]
     seeds = simulation_seeds(config)
     cells = [(p, c) for p in test_report.POLICIES for c in test_report.CAPS]
-    verdicts = []
+    planned = []
     for target in config["hardware"]:
-        plan = hardware.target_plan(cost, machine, config["model"], target, cells, config["workload"], config["slo"],
-                                    config["sweep"], config["memory"], seeds, config["capacity"], config["cost"])
-        verdicts.append(hardware.target_verdicts(plan, target, machine, config["cost"], config["slo"],
-                                                 config["workload"], config["memory"], seeds))
+        recommendation, carried = plan_target(cost, machine, config, target, cells, seeds)
+        planned.append((target, carried, recommendation))
+    verdicts = planner.hardware_verdicts(planned)["targets"]
     inputs["hardware"] = str(root / "inputs" / "hardware_verdicts.json")
     write_json(inputs["hardware"], {"targets": verdicts})
     out = root / "report"
@@ -184,8 +211,11 @@ def without_measured_memory(rows: list[dict]) -> list[dict]:
 def test_a_target_with_this_machines_roofline_gets_this_machines_verdicts(hardware_report):
     same = hardware_report["verdicts"][0]["recommendation"]
     here = hardware_report["recommendation"]
-    # the reserved figure decides the memory target here as well: the measurement does not flip it
-    assert (here["chosen"]["memory_bytes"] <= here["chosen"]["budget_bytes"]) == here["chosen"]["memory_met"]
+    # here the serving memory measured at the chosen policy and cap decides memory; a target, with no
+    # measurement, is judged on the reservation, and both fit this budget
+    chosen = here["chosen"]
+    assert chosen["memory_measured_bytes"] is not None
+    assert (chosen["memory_measured_bytes"] <= chosen["budget_bytes"]) == chosen["memory_met"]
     assert without_measured_memory(same["verdict"]) == without_measured_memory(here["verdict"])
     assert without_measured_memory([same["chosen"]]) == without_measured_memory([here["chosen"]])
 
@@ -252,16 +282,15 @@ def test_the_section_leaks_no_undefined_value_or_code_name(hardware_report):
 def test_a_target_too_slow_to_keep_up_is_planned_and_judged_through_its_json_file(tmp_path):
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["workload"]["num_requests"] = 20
-    config["sweep"].update(seeds=1)
+    config["sweep"].update(seeds=1, rates=[6.0])
     config["cost"]["max_replicas"] = 2
     machine = test_report.machine_meta(COST)
     slow = {"name": "slow", "bandwidth_gbs": 0.1, "gflops": 0.1}
-    plan = hardware.target_plan(COST, machine, config["model"], slow, [("continuous", 8)], config["workload"],
-                                config["slo"], config["sweep"], config["memory"], [0], config["capacity"], config["cost"])
-    write_json(tmp_path / "slow.json", plan)
-    judged = hardware.target_verdicts(read_json(tmp_path / "slow.json"), slow, machine, config["cost"], config["slo"],
-                                      config["workload"], config["memory"], [0])
-    rec = judged["recommendation"]
+    recommendation, _ = plan_target(COST, machine, config, slow, [("continuous", 8)], [0])
+    write_json(tmp_path / "slow.json", recommendation)
+    rec = read_json(tmp_path / "slow.json")
     assert not rec["chosen"]["stable_today"] and rec["chosen"]["latency_ms"] is None
-    assert rec["missed"] == ["latency", "capacity", "cost"] and judged["price_given"] is False
+    assert rec["missed"] == ["latency", "capacity", "cost"] and rec["price_per_hour"] == config["cost"]["price_per_hour"]
     assert "NaN" not in (tmp_path / "slow.json").read_text()
+    [option] = rec["options"]
+    assert option["verdicts"]["latency"]["value"] is None and option["misses"] == ["latency", "capacity", "cost"]

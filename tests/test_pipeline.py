@@ -16,6 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = "config/quick.yaml"
+HERE = "results/machines/here"  # this machine's simulations and plan
 
 
 def snakemake(workdir: Path, *args, configfile=QUICK, check=True):
@@ -67,9 +68,9 @@ def pipeline(quick_pipeline):
 
 def test_full_run_writes_the_report_and_every_stage_output(pipeline):
     for name in ["results/report/report.html", "results/report/report.md", "results/report/provenance.json",
-                 "results/fit/costmodel.json", "results/sweep/latency.csv", "results/sweep/chunk_sweep.csv",
-                 "results/capacity/capacity.csv",
-                 "results/plan/memory.csv", "results/plan/recommendation.json", "results/exercise2/answers.json",
+                 "results/fit/costmodel.json", f"{HERE}/latency.csv", f"{HERE}/chunk_sweep.csv",
+                 f"{HERE}/capacity.csv", f"{HERE}/memory.csv", f"{HERE}/recommendation.json",
+                 "results/plan/decision.json", "results/exercise2/answers.json",
                  "results/validation/comparison.csv"]:
         assert (pipeline / name).stat().st_size > 0, name
     assert not list(pipeline.glob("results/**/*.tmp"))
@@ -115,7 +116,64 @@ def test_price_change_reruns_only_recommend_and_report(pipeline):
     config = yaml.safe_load((pipeline / QUICK).read_text())
     config["cost"]["price_per_hour"] = 2.5
     (pipeline / "config" / "pricier.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    assert planned_rules(pipeline, configfile="config/pricier.yaml") == {"recommend", "report", "all"}
+    assert planned_rules(pipeline, configfile="config/pricier.yaml") == {"recommend", "decide", "report", "all"}
+
+
+def planned_jobs(workdir: Path, configfile=QUICK) -> dict:
+    """Jobs per rule a dry run would execute."""
+    out = snakemake(workdir, "-n", "--quiet", "rules", configfile=configfile).stdout
+    return {parts[0]: int(parts[1]) for parts in map(str.split, out.splitlines())
+            if len(parts) == 2 and parts[1].isdigit() and parts[0] not in ("total", "job")}
+
+
+def test_the_decision_judges_every_machine_and_names_the_pick_or_the_closest(pipeline):
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    decision = json.loads((pipeline / "results/plan/decision.json").read_text())
+    machines = ["here", *(t["name"] for t in config["hardware"])]
+    assert [m["machine"] for m in decision["machines"]] == machines
+    assert (decision["pick"] is None) != (decision["closest"] is None)
+    options = decision["options"]
+    assert {o["machine"] for o in options} == set(machines)
+    assert all(o["replicas"] <= config["cost"]["max_replicas"] for o in options)
+    ranks = [(not o["meets_all"], o["usd_per_1k"]["high"]) for o in options]
+    assert ranks == sorted(ranks)
+    for option in options:
+        assert set(option["verdicts"]) == {"latency", "capacity", "memory", "cost"}
+        capacity = option["verdicts"]["capacity"]
+        if capacity["low"] is not None and capacity["low"] < config["slo"]["capacity_target_rate"]:
+            assert not capacity["pass"]
+        assert option["misses"] == [t for t in ("latency", "capacity", "memory", "cost") if not option["verdicts"][t]["pass"]]
+    assert set(decision["routes"]) == {"prefill_speedup", "replicas_to_keep_up", "replicas_usd_per_1k",
+                                       "cheapest_mix"}
+
+
+def test_a_new_cap_and_target_plan_only_their_cells_and_what_aggregates_them(pipeline):
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    policies, caps = config["sweep"]["policies"], config["sweep"]["caps"]
+    machines = 1 + len(config["hardware"])
+    config["sweep"]["caps"] = sorted({*caps, 8})
+    config["hardware"].append({"name": "bigger-cpu", "bandwidth_gbs": 200, "gflops": 2000})
+    (pipeline / "config" / "grown.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    jobs = planned_jobs(pipeline, configfile="config/grown.yaml")
+    # the new cap on every machine so far, and every cap of the new target; no other cell
+    new_cells = machines * len(policies) + len(policies) * len(config["sweep"]["caps"])
+    for rule in ("sweep_cell", "capacity_cell", "fleet_cell"):
+        assert jobs.pop(rule) == new_cells, rule
+    assert jobs.pop("chunk_cell") == 1  # this machine's chunk comparison, at the new cap
+    assert jobs.pop("carry_over") == 1
+    for rule in ("collect", "memory", "recommend"):
+        assert jobs.pop(rule) == machines + 1, rule
+    assert {rule: jobs.pop(rule) for rule in ("collect_chunks", "decide", "report", "all")} == dict.fromkeys(
+        ("collect_chunks", "decide", "report", "all"), 1)
+    assert not {"profile", "fit", "workload", "exercise2"} & set(jobs)
+    # what is left is the validation stage's (rules/validate.smk reads the sweep section whole)
+    assert set(jobs) <= {"validate"}
+
+
+def test_the_same_config_with_its_keys_in_another_order_plans_nothing(pipeline):
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    (pipeline / "config" / "sorted.yaml").write_text(yaml.safe_dump(config, sort_keys=True))
+    assert planned_rules(pipeline, configfile="config/sorted.yaml") == set()
 
 
 def test_simulator_edit_reruns_simulation_but_not_profiling(pipeline):
@@ -163,13 +221,13 @@ def test_a_report_template_edit_reruns_the_report_from_another_directory(pipelin
 
 
 def test_simulation_outputs_are_byte_identical_on_rerun(pipeline):
-    before = (pipeline / "results/sweep/latency.csv").read_bytes()
-    cells_before = {p.name: p.read_bytes() for p in (pipeline / "results/capacity/cells").iterdir()}
-    shutil.rmtree(pipeline / "results/sweep")
-    shutil.rmtree(pipeline / "results/capacity")
-    snakemake(pipeline, "results/sweep/latency.csv", "results/capacity/capacity.csv")
-    assert (pipeline / "results/sweep/latency.csv").read_bytes() == before
-    assert {p.name: p.read_bytes() for p in (pipeline / "results/capacity/cells").iterdir()} == cells_before
+    before = (pipeline / HERE / "latency.csv").read_bytes()
+    cells_before = {p.name: p.read_bytes() for p in (pipeline / HERE / "capacity/cells").iterdir()}
+    for name in ("sweep", "capacity", "latency.csv", "capacity.csv"):
+        (shutil.rmtree if (pipeline / HERE / name).is_dir() else os.remove)(pipeline / HERE / name)
+    snakemake(pipeline, f"{HERE}/latency.csv", f"{HERE}/capacity.csv")
+    assert (pipeline / HERE / "latency.csv").read_bytes() == before
+    assert {p.name: p.read_bytes() for p in (pipeline / HERE / "capacity/cells").iterdir()} == cells_before
 
 
 def test_bad_config_stops_before_any_work_with_one_line(pipeline):
@@ -241,7 +299,7 @@ def test_the_pipeline_sizes_the_service_for_an_azure_trace_and_its_report_descri
     name = "azure.csv"
     workdir, requests = trace_run(pipeline, tmp_path, "azure", name, too_long="clip", max_context=512)
     snakemake(workdir, configfile="config/trace.yaml")
-    latency = pd.read_csv(workdir / "results/sweep/latency.csv")
+    latency = pd.read_csv(workdir / HERE / "latency.csv")
     assert (latency["num_requests"] == requests).all()
     assert latency["seed"].nunique() == 1  # one fixed workload: more seeds would replay the same requests
     described = json.loads((workdir / "results/workload/workload.json").read_text())
@@ -268,11 +326,11 @@ def test_the_pipeline_sizes_the_service_for_an_azure_trace_and_its_report_descri
 def test_the_pipeline_simulates_a_burstgpt_trace(pipeline, tmp_path):
     # the simulations and the capacity search; the stages after them read the trace as the Azure test shows
     workdir, requests = trace_run(pipeline, tmp_path, "burstgpt", "burstgpt.jsonl")
-    snakemake(workdir, "results/workload/workload.json", "results/sweep/latency.csv", "results/capacity/capacity.csv",
+    snakemake(workdir, "results/workload/workload.json", f"{HERE}/latency.csv", f"{HERE}/capacity.csv",
               configfile="config/trace.yaml")
-    latency = pd.read_csv(workdir / "results/sweep/latency.csv")
+    latency = pd.read_csv(workdir / HERE / "latency.csv")
     assert (latency["num_requests"] == requests).all() and latency["seed"].nunique() == 1
-    assert pd.read_csv(workdir / "results/capacity/capacity.csv")["capacity_rps"].notna().any()
+    assert pd.read_csv(workdir / HERE / "capacity.csv")["capacity_rps"].notna().any()
     described = json.loads((workdir / "results/workload/workload.json").read_text())
     assert (described["layout"], described["rows"], described["requests"]) == ("burstgpt", 150, requests)
     assert described["columns"]["output_tokens"] == "Response tokens"

@@ -156,11 +156,12 @@ def hand_made_plan(cost_model, interval=None, serving_rss=None, speed=None, pric
     fleet = planner.fleet_cell(cost_model, *args, config["capacity"], config["cost"])
     memory, _ = planner.memory_table(MACHINE, latency, config["memory"], config["workload"]["rate"])
     machine = dict(MACHINE, speed=speed) if speed else MACHINE
-    validation = {"policy": "continuous_chunked", "serving_memory": {"peak_rss_bytes": serving_rss, "max_num_seqs": 4}} \
+    serving_memory = {"rows": [{"policy": "continuous_chunked", "cap": 4, "peak_rss_bytes": serving_rss,
+                                "sequences": 4, "context_tokens": 768}], "profiler_peak_rss_bytes": None} \
         if serving_rss else None
     return planner.recommend(latency, pd.DataFrame(rows), memory, [fleet], dict(config["cost"], price_per_hour=price),
                              config["slo"], config["workload"], seeds, step_model=cost_model, machine=machine,
-                             validation=validation)
+                             serving_memory=serving_memory)
 
 
 def test_capacity_interval_from_the_capacity_stage_is_used_when_present():

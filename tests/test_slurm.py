@@ -53,10 +53,10 @@ COMPARED_SUFFIXES = (".csv", ".json")
 # ... except paths with a component or name part naming run-dependent content, which
 # differs from run to run: measured timings (profiles, benchmarks, the real-engine
 # validation replay), logs, provenance (when and where a report was made), and the
-# recommendation, which judges the memory target on the memory the validation replay measured.
+# recommendation and the decision, which judge the memory target on the memory the validation replay measured.
 NONDETERMINISTIC_WORDS = (
     "timing", "timings", "profile", "profiles", "profiling",
-    "benchmark", "benchmarks", "validation", "log", "logs", "provenance", "recommendation",
+    "benchmark", "benchmarks", "validation", "log", "logs", "provenance", "recommendation", "decision",
 )
 _NONDETERMINISTIC = re.compile(
     r"(?:^|[/_.-])(?:" + "|".join(NONDETERMINISTIC_WORDS) + r")(?:[/_.-]|$)", re.IGNORECASE
@@ -207,10 +207,11 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, quick_pipelin
         f"\nSLURM run {slurm_wall:.1f}s with {len(jobs)} SLURM jobs "
         f"{dict(sorted(by_rule.items()))}"
     )
-    sweep = load_yaml((SOURCE_DIR / QUICK_CONFIG).read_text())["sweep"]
-    cells = len(sweep["policies"]) * len(sweep["caps"])
+    quick = load_yaml((SOURCE_DIR / QUICK_CONFIG).read_text())
+    sweep, machines = quick["sweep"], 1 + len(quick.get("hardware", []))  # this machine and each target
+    cells = machines * len(sweep["policies"]) * len(sweep["caps"])
     assert by_rule.get(SWEEP_RULE, 0) == cells, (
-        f"expected {cells} SLURM jobs of rule {SWEEP_RULE} (one per sweep cell of "
+        f"expected {cells} SLURM jobs of rule {SWEEP_RULE} (one per machine and sweep cell of "
         f"{QUICK_CONFIG}), got jobs per rule {by_rule}"
     )
     local_submitted = sorted(set(by_rule) & set(LOCAL_RULES))
