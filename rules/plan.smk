@@ -91,9 +91,9 @@ def serving_memory(wildcards):
     """The serving process's peak memory per (policy, cap) measured on this machine (contract 1,
     validate.smk, which is included after this file, so it is looked up when the job is built). A
     target is judged on the arithmetic alone: that process is this machine's, which no target shares."""
-    if wildcards.machine != HERE or not PROFILED or "serving_memory" not in rules.validate.output.keys():
+    if wildcards.machine != HERE or not PROFILED:
         return {}
-    return {"serving_memory": rules.validate.output.serving_memory}
+    return {"serving_memory": rules.serving_memory.output[0]}
 
 
 rule recommend:
