@@ -690,7 +690,8 @@ def main(argv=None) -> int:
             percentile_metrics=args.percentile_metrics or list(vllm_result.DEFAULT_PERCENTILE_METRICS),
             goodput=bool(args.goodput), detailed=args.save_detailed,
             extra={"policy": policy, "max_num_seqs": cap, "seed": seed, "workload": args.trace or args.workload,
-                   "chunk_budget": {"tokens": step_budget[0], "counts": step_budget[1]}})))
+                   "chunk_budget": {"tokens": step_budget[0], "counts": step_budget[1]},
+                   **({"trace": args.trace_summary} if args.trace else {})})))
 
     saving = args.save_result or args.append_result
     progress = Progress(runs, enabled=sys.stderr.isatty() and not args.json)

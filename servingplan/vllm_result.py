@@ -34,7 +34,7 @@ THROUGHPUT_KEYS = ("request_throughput", "request_goodput", "output_throughput",
 RESULT_KEYS = ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
                "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
                "total_input_tokens", "total_output_tokens", *THROUGHPUT_KEYS, *DETAILED_LISTS, "generated_texts",
-               "max_concurrent_requests", "policy", "max_num_seqs", "seed", "workload", "chunk_budget", "stable")
+               "max_concurrent_requests", "policy", "max_num_seqs", "seed", "workload", "chunk_budget", "trace", "stable")
 DATE_FORMAT = re.compile(r"\d{8}-\d{6}")
 METADATA_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 MAX_METADATA_VALUE = 256
