@@ -376,7 +376,8 @@ def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
         loaded = workload.load_trace(args.trace, args.trace_layout, args.trace_columns, args.trace_timestamps,
                                      max_context=args.max_context, too_long=args.too_long or "refuse")
     except (ValueError, OSError) as exc:
-        raise UsageError(f"--trace {args.trace!r}: {_reason(exc)}") from None
+        # the loader names the pipeline's key; on the command line it is the flag
+        raise UsageError(f"--trace {args.trace!r}: {_reason(exc).replace('set too_long to', 'give --too-long')}") from None
     trace = _first(loaded.trace, args.num_requests)
     args.trace_summary = {"path": args.trace, "layout": loaded.layout, "rows": loaded.rows,
                           "skipped_zero_token_rows": loaded.skipped_zero_tokens, "requests": len(trace),
@@ -638,19 +639,22 @@ def result_plan(args, cost, traces) -> tuple[str, int]:
 def outside_profile(cost: costmodel.CostModel, traces) -> str | None:
     """A warning when requests lie outside the prompt lengths or contexts the cost model was profiled
     on (its meta.profiled_range, which the fit writes): its times there are extrapolated."""
-    profiled = cost.meta.get("profiled_range") if isinstance(cost.meta, dict) else None
-    if not isinstance(profiled, dict):
+    profiled = cost.meta.get("profiled_range")
+    if profiled is None:
         return None
-    prompt_lo, prompt_hi = profiled.get("prompt_tokens", (None, None))
-    context_hi = profiled.get("context_tokens", (None, None))[1]
+    ranges = {}
+    for key in ("prompt_tokens", "context_tokens"):
+        pair = profiled.get(key) if isinstance(profiled, dict) else None
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
+                and 0 <= pair[0] <= pair[1] <= MAX_TOKENS):
+            raise UsageError(f"--cost-model {cost.name!r}: meta.profiled_range.{key} = {pair!r}: must be [low, high], "
+                             f"integers with 0 <= low <= high <= {MAX_TOKENS}")
+        ranges[key] = pair
+    (prompt_lo, prompt_hi), context_hi = ranges["prompt_tokens"], ranges["context_tokens"][1]
     outside = total = 0
     for _, _, trace in traces:
         prompts, contexts = trace.prompt_tokens, trace.prompt_tokens + trace.output_tokens
-        out = np.zeros(len(trace), dtype=bool)
-        if prompt_lo is not None:
-            out |= (prompts < prompt_lo) | (prompts > prompt_hi)
-        if context_hi is not None:
-            out |= contexts > context_hi
+        out = (prompts < prompt_lo) | (prompts > prompt_hi) | (contexts > context_hi)
         outside += int(out.sum())
         total += len(trace)
     if not outside:
@@ -671,10 +675,10 @@ def main(argv=None) -> int:
         step_budget = chunk_budget_from(args)
         traces = load_traces(args)
         date, runs = result_plan(args, cost, traces)
+        warning = outside_profile(cost, traces)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    warning = outside_profile(cost, traces)
     if warning:
         print(warning, file=sys.stderr)
     saved = []
