@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servingplan import costmodel, vllm_result, workload
+from servingplan import costmodel, users, vllm_result, workload
+from servingplan.capacity import Criterion
 from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import POLICIES, simulate
@@ -263,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "tpot are the same bounds as --slo-ttft-ms and --slo-tpot-ms")
     p.add_argument("--metric-percentiles", type=list_of(percentile_value),
                    help="comma-separated percentiles of the vLLM-named keys p<q>_<metric>_ms (default 99)")
+    p.add_argument("--capacity-users", type=bounded_int(MAX_CONCURRENCY), metavar="MAX",
+                   help="also find, per policy and cap, the most concurrent users (closed loop, each sending its next "
+                        "request when its reply ends) for which the SLO holds in every seed, searched up to MAX")
     p.add_argument("--percentile-metrics", type=list_of(percentile_metric),
                    help=f"comma-separated metrics whose statistics the result file holds: "
                         f"{', '.join(vllm_result.PERCENTILE_METRICS)} (default "
@@ -664,6 +668,22 @@ def outside_profile(cost: costmodel.CostModel, traces) -> str | None:
             "times are extrapolated")
 
 
+def users_capacity(args, cost, traces, slo: SLO, step_budget: tuple[int, str]) -> dict:
+    """servingplan.users.capacity_users for every (policy, cap), on each seed's requests."""
+    by_seed = {}
+    for seed, _, trace in traces:
+        by_seed.setdefault(seed, trace)
+    return {(policy, cap): users.capacity_users(list(by_seed.values()), list(by_seed), cost, policy, cap, step_budget[0],
+                                                Criterion(slo), args.capacity_users, args.kv_blocks, args.block_size,
+                                                step_budget[1])
+            for policy in chosen_policies(args) for cap in chosen_caps(args)}
+
+
+def _users(seed: dict) -> str:
+    held = f"seed {seed['seed']}: {seed['lower']}"
+    return held + ("+" if seed["censored"] == "above_max" else "")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -675,6 +695,10 @@ def main(argv=None) -> int:
         step_budget = chunk_budget_from(args)
         traces = load_traces(args)
         date, runs = result_plan(args, cost, traces)
+        if args.capacity_users and slo == SLO(ttft_percentile=args.slo_ttft_pct, tpot_percentile=args.slo_tpot_pct,
+                                              itl_percentile=args.slo_itl_pct):
+            raise UsageError(f"--capacity-users {args.capacity_users}: needs an SLO bound to hold (--slo-ttft-ms, "
+                             "--slo-tpot-ms, --slo-itl-ms or --goodput)")
         warning = outside_profile(cost, traces)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -706,6 +730,10 @@ def main(argv=None) -> int:
         progress.close()
     for path, result in saved:
         vllm_result.save(path, result, append=args.append_result)
+    if args.capacity_users:
+        users_found = users_capacity(args, cost, traces, slo, step_budget)
+        for row in rows:
+            row["capacity_users"] = users_found[(row["policy"], row["max_num_seqs"])]["capacity_users"]
     if args.json:
         # JSON has no infinity (a trace whose requests all arrive at once has an infinite rate)
         print(json.dumps([{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()}
@@ -719,6 +747,11 @@ def main(argv=None) -> int:
                   "simulated" + (f", {summary['too_long_requests']} longer than --max-context "
                                  f"{'skipped' if summary['too_long'] == 'skip' else 'clipped'}"
                                  if summary['too_long_requests'] else ""))
+        if args.capacity_users:
+            for (policy, cap), found in users_found.items():
+                print(f"Most concurrent users holding the SLO in every seed: {policy} cap {cap} -> "
+                      f"{found['capacity_users']} users ({', '.join(_users(s) for s in found['per_seed'])}; "
+                      f"searched up to {args.capacity_users})")
         if saved:
             print(f"Saved {len(saved)} vLLM result{'s' if len(saved) > 1 else ''} in {args.result_dir}")
     return 0

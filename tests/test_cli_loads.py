@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servingplan import cli, costmodel, vllm_result, workload
+from servingplan import cli, costmodel, users, vllm_result, workload
 from servingplan.costmodel import CostModel
 from servingplan.sim import simulate
 from servingplan.sim.closed_loop import simulate_closed_loop
@@ -321,3 +321,38 @@ def test_the_module_runs_as_a_program_and_refuses_an_unknown_flag():
     done = subprocess.run([sys.executable, "-m", "servingplan.cli", "--bogus"], cwd=ROOT, capture_output=True,
                           text=True)
     assert done.returncode == 2 and "unrecognized arguments: --bogus" in done.stderr
+
+
+# --- capacity in users -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threshold, users_max, lower, upper", [(7, 20, 7, 8), (0, 20, 0, 1), (25, 20, 20, None),
+                                                                (1, 2, 1, 2), (20, 20, 20, None)])
+def test_bisect_users_finds_the_last_count_that_holds(threshold, users_max, lower, upper):
+    found = users.bisect_users(lambda n: n <= threshold, users_max)
+    assert (found["lower"], found["upper"]) == (lower, upper)
+
+
+def test_capacity_in_users_is_the_largest_count_a_linear_scan_finds():
+    from servingplan.capacity import Criterion
+    from servingplan.metrics import SLO
+    criterion = Criterion(SLO(ttft_ms=400.0, tpot_ms=9.0))
+    traces = [workload.generate({**workload.EXERCISE2, "num_requests": 60}, seed) for seed in (0, 1)]
+    found = users.capacity_users(traces, [0, 1], costmodel.EXERCISE2, "continuous_chunked", 32, 512, criterion, 24)
+    for trace, seed in zip(traces, found["per_seed"]):
+        held = [n for n in range(1, 25) if users.holds_for_users(trace, n, costmodel.EXERCISE2, "continuous_chunked",
+                                                                 32, 512, criterion)]
+        assert held == list(range(1, len(held) + 1))  # the criterion is monotone here, as the bisection assumes
+        assert seed["lower"] == len(held)
+    assert found["capacity_users"] == min(s["lower"] for s in found["per_seed"])
+    assert 0 < found["capacity_users"] < 24
+
+
+def test_the_cli_reports_capacity_in_users(capsys):
+    argv = ["--num-prompts", "60", "--sweep-batch", "32", "--seeds", "2", "--slo-ttft-ms", "400", "--slo-tpot-ms", "9",
+            "--capacity-users", "24"]
+    [row] = json.loads(_stdout_json(capsys, *argv))
+    assert 0 < row["capacity_users"] < 24
+    assert cli.main(argv) == 0
+    assert (f"Most concurrent users holding the SLO in every seed: continuous_chunked cap 32 -> {row['capacity_users']} "
+            "users") in capsys.readouterr().out
+    assert "needs an SLO bound" in refused(capsys, *SMALL, "--capacity-users", "8")
