@@ -114,7 +114,8 @@ def run_result(result, summary: dict, *, rate: float, burstiness: float, max_con
     keeps_up = stable and duration > 0
     out = {"date": date, "endpoint_type": BACKEND, "backend": BACKEND, "label": label, "model_id": model_id,
            "tokenizer_id": None, "num_prompts": int(num_prompts), **metadata,
-           "request_rate": rate if math.isfinite(rate) else "inf", "burstiness": burstiness,
+           "request_rate": rate if math.isfinite(rate) else "inf",
+           "burstiness": burstiness if math.isfinite(burstiness) else "inf",
            "max_concurrency": max_concurrency, **extra, "stable": stable,
            "duration": duration, "completed": completed, "failed": int(len(frame) - completed),
            "total_input_tokens": total_in, "total_output_tokens": total_out,

@@ -22,8 +22,20 @@ import numpy as np
 from servingplan.costmodel import CostModel
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import Seq
-from servingplan.sim.simulator import Replica, SimResult, Timeline, queue_growth
+from servingplan.sim.simulator import Replica, SimResult, Timeline, queue_growth, simulate
 from servingplan.workload import Trace
+
+
+def simulate_load(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
+                  kv_blocks: int | None, block_size: int, horizon_factor: float, max_concurrency: int | None = None,
+                  **options) -> SimResult:
+    """The workload's load shape: the simulator's open loop, or with `max_concurrency` the closed loop
+    (the pipeline's workload.max_concurrency)."""
+    if max_concurrency is None:
+        return simulate(trace, cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, horizon_factor,
+                        **options)
+    return simulate_closed_loop(trace, cost, policy, max_num_seqs, max_concurrency, chunk_size, kv_blocks,
+                                block_size, **options)
 
 
 def simulate_closed_loop(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int,
