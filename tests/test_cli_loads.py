@@ -356,3 +356,41 @@ def test_the_cli_reports_capacity_in_users(capsys):
     assert (f"Most concurrent users holding the SLO in every seed: continuous_chunked cap 32 -> {row['capacity_users']} "
             "users") in capsys.readouterr().out
     assert "needs an SLO bound" in refused(capsys, *SMALL, "--capacity-users", "8")
+
+
+# --- the pipeline's keys ---------------------------------------------------------------------------------
+
+def test_simulate_load_is_the_open_loop_without_a_limit_and_the_closed_loop_with_one():
+    from servingplan.sim.closed_loop import simulate_load
+    trace = workload.generate({**workload.EXERCISE2, "num_requests": 60}, 2)
+    args = (trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512, None, 16, 20.0)
+    np.testing.assert_array_equal(simulate_load(*args).completion_s,
+                                  simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16).completion_s)
+    np.testing.assert_array_equal(simulate_load(*args, 4).completion_s,
+                                  simulate_closed_loop(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 4)
+                                  .completion_s)
+
+
+@pytest.mark.parametrize("key, value, ok", [("max_concurrency", 8, True), ("max_concurrency", 0, False),
+                                            ("max_concurrency", 2.5, False), ("burstiness", 0.5, True),
+                                            ("burstiness", 0, False), ("burstiness", 1e9, False)])
+def test_the_config_checks_the_load_shape_keys(tmp_path, key, value, ok):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(f"workload:\n  {key}: {value}\n")
+    done = subprocess.run([sys.executable, "-m", "servingplan.config", str(overlay)], cwd=ROOT, capture_output=True,
+                          text=True)
+    if ok:
+        assert done.returncode == 0 and "config ok" in done.stdout, done.stderr
+    else:
+        assert done.returncode == 2 and f"workload.{key}" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_the_config_check_merges_an_overlay_onto_config_yaml_as_snakemake_does():
+    from servingplan import config
+    merged = config.overlaid([ROOT / "config" / "quick.yaml"])
+    base, quick = config.read(ROOT / "config.yaml"), config.read(ROOT / "config" / "quick.yaml")
+    for section, values in quick.items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                assert merged[section][key] == value
+            assert set(base.get(section, {})) <= set(merged[section])
