@@ -394,3 +394,20 @@ def test_the_config_check_merges_an_overlay_onto_config_yaml_as_snakemake_does()
             for key, value in values.items():
                 assert merged[section][key] == value
             assert set(base.get(section, {})) <= set(merged[section])
+
+
+def test_the_sweep_runs_closed_loop_under_workload_max_concurrency():
+    from servingplan import planner
+    from test_planner import MACHINE, small_config
+    config = small_config()
+
+    def sweep(**load):
+        workload_cfg = {**config["workload"], **load}
+        return planner.sweep_cell(costmodel.EXERCISE2, MACHINE, "continuous_chunked", 4, workload_cfg, config["slo"],
+                                  config["sweep"], config["memory"], [0])
+    open_loop = sweep()
+    # as many slots as requests: every request is sent at its arrival, the open loop
+    assert sweep(max_concurrency=int(config["workload"]["num_requests"])).equals(open_loop)
+    closed = sweep(max_concurrency=1)
+    assert not closed.equals(open_loop)
+    assert (closed["peak_running"] <= 1).all()
