@@ -16,12 +16,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from servingplan import costmodel, users, vllm_result, workload
 from servingplan.capacity import Criterion
-from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
+from servingplan.metrics import SLO, finite_or_none, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import POLICIES, simulate
 from servingplan.sim.closed_loop import simulate_closed_loop
@@ -282,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result-date", type=result_date,
                    help="the date in the results and their file names, YYYYMMDD-HHMMSS (default: now)")
     p.add_argument("--label", type=file_name,
-                   help=f"prefix of the result file names (default {vllm_result.BACKEND}-POLICY-capCAP-seedSEED)")
+                   help=f"prefix of the result labels and file names, followed by -POLICY-capCAP-seedSEED (default "
+                        f"{vllm_result.BACKEND})")
     p.add_argument("--metadata", nargs="+", type=metadata_item, metavar="KEY=VALUE",
                    help="key-value pairs saved in every result, e.g. --metadata version=1 machine=laptop")
     p.add_argument("--save-detailed", action="store_true",

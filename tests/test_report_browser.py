@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
 
 import matplotlib.image
 import numpy as np
