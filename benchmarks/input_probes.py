@@ -211,7 +211,7 @@ def cli_probes(tmp: Path):
         ("print curve", ["--print-curve"], True, finite_curve),
     ]
     bad_values = {
-        "--rate": ["0", "-3", "nan", "inf", "1e7", "x", ""], "--sweep-rate": ["1,,2", "0,5", "inf", "nan,1"],
+        "--rate": ["0", "-3", "nan", "1e7", "x", ""], "--sweep-rate": ["1,,2", "0,5", "-inf", "nan,1"],
         "--max-num-seqs": ["0", "-1", "4.5", "x", "1e12"], "--sweep-batch": ["0,4", "4,eight", ",", "1e12"],
         "--chunk-size": ["0", "-5", "1e12"], "--seeds": ["0", "-1", "1e12", "1000000000000", "1,x", "1,-2"],
         "--num-requests": ["0", "-5", "1e12", "1000000000000", "nan"],
@@ -226,6 +226,7 @@ def cli_probes(tmp: Path):
     probes.append(("--num-requests 1000000 x 50 seeds", ["--num-requests", "1000000", "--seeds", "50"], False,
                    finite_json))
     probes.append(("unknown option", ["--frobnicate", "3"], False, finite_json))
+    probes += load_shape_probes(tmp)
     for i, (name, text, ok) in enumerate(cost_documents()):
         path = tmp / f"cost_{i}.json"
         path.write_text(text)
@@ -236,6 +237,49 @@ def cli_probes(tmp: Path):
         path = tmp / f"trace_{i}.csv"
         path.write_text(text)
         probes.append((f"trace: {name}", ["--workload", str(path), "--json"], ok, finite_json))
+    return probes
+
+
+def load_shape_probes(tmp: Path):
+    """Issue 21's flags: vLLM's load shapes, the result file's options, --max-context and the users search."""
+    out = tmp / "results"
+    out.mkdir(exist_ok=True)
+    long_trace = tmp / "long_trace.csv"
+    long_trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,20\n1,900,20\n")
+    probes = [
+        ("rate inf", ["--rate", "inf", *SMALL], True, finite_json),
+        ("burstiness 0.5", ["--burstiness", "0.5", *SMALL], True, finite_json),
+        ("burstiness inf", ["--burstiness", "inf", *SMALL], True, finite_json),
+        ("max concurrency 8", ["--max-concurrency", "8", *SMALL], True, finite_json),
+        ("rate inf, max concurrency 1", ["--rate", "inf", "--max-concurrency", "1", *SMALL], True, finite_json),
+        ("save result", ["--save-result", "--result-dir", str(out), "--metadata", "a=1", "--percentile-metrics",
+                         "ttft,e2el", "--save-detailed", *SMALL], True, finite_json),
+        ("append result", ["--append-result", "--result-dir", str(out), "--result-filename", "all.json", *SMALL],
+         True, finite_json),
+        ("capacity users", ["--capacity-users", "16", "--slo-ttft-ms", "2000", *SMALL], True, finite_json),
+        ("max context skip", ["--trace", str(long_trace), "--max-context", "512", "--too-long", "skip", "--json"],
+         True, finite_json),
+    ]
+    bad_values = {
+        "--burstiness": ["0", "-1", "nan", "1e-9", "1e9", "x"], "--max-concurrency": ["0", "-1", "2.5", "1e12", "x"],
+        "--percentile-metrics": ["", "ttft,,e2el", "goodput"], "--metadata": ["novalue", "=v", "1a=b"],
+        "--result-date": ["2026", "20261301-000000", "x"], "--result-filename": ["a/b.json", ".."],
+        "--label": ["a/b"], "--max-context": ["0", "-1", "1e12"], "--too-long": ["truncate"],
+        "--capacity-users": ["0", "1e12"],
+    }
+    for option, values in bad_values.items():
+        probes += [(f"{option} {v!r}", [option, v, *SMALL], False, finite_json) for v in values]
+    probes += [
+        ("metadata shadowing a result key", ["--save-result", "--result-dir", str(out), "--metadata", "completed=1",
+                                             *SMALL], False, finite_json),
+        ("two runs into one file without --append-result", ["--save-result", "--result-dir", str(out),
+                                                            "--result-filename", "x.json", "--seeds", "2", "--json"],
+         False, finite_json),
+        ("result dir a file", ["--save-result", "--result-dir", str(long_trace), *SMALL], False, finite_json),
+        ("max context without a trace", ["--max-context", "512", *SMALL], False, finite_json),
+        ("burstiness on a trace file", ["--trace", str(long_trace), "--burstiness", "2", "--json"], False, finite_json),
+        ("users without an SLO", ["--capacity-users", "8", *SMALL], False, finite_json),
+    ]
     return probes
 
 

@@ -12,16 +12,18 @@ import argparse
 import json
 import math
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from servingplan import costmodel, workload
-from servingplan.io import write_json
-from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
+from servingplan import costmodel, users, vllm_result, workload
+from servingplan.capacity import Criterion
+from servingplan.metrics import SLO, finite_or_none, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import POLICIES, simulate
+from servingplan.sim.closed_loop import simulate_closed_loop
 from servingplan.sim.policies import chunks
 
 PROG = "serving_sim"
@@ -48,8 +50,16 @@ DEFAULT_SEEDS = 5
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_METRIC_PERCENTILES = [99.0]
-DEFAULT_RESULT_FILENAME = "serving_sim.json"
 TRACE_FIELDS = ("arrival", "prompt_tokens", "output_tokens")
+# vLLM's default burstiness (Poisson) and the bounds of the flag: a gamma shape far outside them
+# draws gaps no arrival process needs (and underflows), so it is refused
+DEFAULT_BURSTINESS = 1.0
+MIN_BURSTINESS = 1e-3
+MAX_BURSTINESS = 1e6
+MAX_CONCURRENCY = 1_000_000
+MAX_METADATA = 50
+# a run longer than this prints its progress (cells done / total) on a terminal
+PROGRESS_AFTER_S = 2.0
 
 
 class UsageError(Exception):
@@ -89,6 +99,52 @@ def bounded_int(maximum: int):
 
 arrival_rate = bounded_float(MAX_RATE)
 sequence_cap = bounded_int(MAX_CAP)
+
+
+def request_rate(text: str) -> float:
+    """vLLM's --request-rate: a rate in requests/s, or inf (every request sent at t = 0)."""
+    return math.inf if text.strip().lower() == "inf" else arrival_rate(text)
+
+
+def burstiness_value(text: str) -> float:
+    """vLLM's --burstiness: the gamma shape of the gaps between arrivals; inf means constant gaps."""
+    if text.strip().lower() == "inf":
+        return math.inf
+    value = _number(text, float, "a burstiness", 0.0, inclusive=False, maximum=MAX_BURSTINESS)
+    if value < MIN_BURSTINESS:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a burstiness >= {MIN_BURSTINESS:g} and <= "
+                                         f"{MAX_BURSTINESS:g}, or inf")
+    return value
+
+
+def percentile_metric(text: str) -> str:
+    if text not in vllm_result.PERCENTILE_METRICS:
+        raise argparse.ArgumentTypeError(f"unknown metric {text!r}: allowed {', '.join(vllm_result.PERCENTILE_METRICS)}")
+    return text
+
+
+def metadata_item(text: str) -> tuple[str, str]:
+    try:
+        return vllm_result.metadata_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def result_date(text: str) -> str:
+    if not vllm_result.DATE_FORMAT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a date as vLLM writes it, YYYYMMDD-HHMMSS")
+    try:
+        datetime.strptime(text, "%Y%m%d-%H%M%S")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a calendar date and time (YYYYMMDD-HHMMSS)") from None
+    return text
+
+
+def file_name(text: str) -> str:
+    """A result file name: one path component, no directory (that is --result-dir)."""
+    if not text or "/" in text or text in (".", "..") or "\0" in text or len(text) > 255:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a file name without '/' (the directory is --result-dir)")
+    return text
 
 
 def percentile_value(text: str) -> float:
@@ -148,9 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", type=list_of(policy_name), action="append",
                    help=f"policies, comma-separated or repeated; allowed: {', '.join(POLICIES)} "
                         "(default continuous_chunked)")
-    p.add_argument("--rate", "--request-rate", dest="rate", type=arrival_rate,
-                   help="arrival rate, requests/s (default: the workload's)")
-    p.add_argument("--sweep-rate", type=list_of(arrival_rate), help="comma-separated arrival rates")
+    p.add_argument("--rate", "--request-rate", dest="rate", type=request_rate,
+                   help="arrival rate, requests/s, or inf to send every request at t=0 (default: the workload's)")
+    p.add_argument("--sweep-rate", type=list_of(request_rate), help="comma-separated arrival rates (inf allowed)")
+    p.add_argument("--burstiness", type=burstiness_value,
+                   help="gamma shape of the gaps between a preset's arrivals, drawn as vLLM's benchmark client draws "
+                        "them (scale 1/(rate*burstiness); 1 = Poisson, <1 burstier, inf = constant gaps); default: "
+                        "the preset's Poisson draw")
+    p.add_argument("--max-concurrency", type=bounded_int(MAX_CONCURRENCY),
+                   help="closed loop, as vLLM's client: at most N requests in flight, the next sent when one finishes; "
+                        "latencies count from the send, the wait for a slot is client_queue_time")
     p.add_argument("--max-num-seqs", type=sequence_cap, default=DEFAULT_CAP,
                    help=f"cap on running sequences when --sweep-batch is not given (default {DEFAULT_CAP})")
     p.add_argument("--sweep-batch", type=list_of(sequence_cap), help="comma-separated caps (max_num_seqs)")
@@ -200,13 +263,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "tpot are the same bounds as --slo-ttft-ms and --slo-tpot-ms")
     p.add_argument("--metric-percentiles", type=list_of(percentile_value),
                    help="comma-separated percentiles of the vLLM-named keys p<q>_<metric>_ms (default 99)")
+    p.add_argument("--capacity-users", type=bounded_int(MAX_CONCURRENCY), metavar="MAX",
+                   help="also find, per policy and cap, the most concurrent users (closed loop, each sending its next "
+                        "request when its reply ends) for which the SLO holds in every seed, searched up to MAX")
+    p.add_argument("--percentile-metrics", type=list_of(percentile_metric),
+                   help=f"comma-separated metrics whose statistics the result file holds: "
+                        f"{', '.join(vllm_result.PERCENTILE_METRICS)} (default "
+                        f"{','.join(vllm_result.DEFAULT_PERCENTILE_METRICS)}, as vLLM)")
     p.add_argument("--save-result", action="store_true",
-                   help="also write the rows, with vLLM's result keys, as JSON into --result-dir")
+                   help="write each run (policy, cap, rate, seed) as vLLM's flat result JSON into --result-dir, "
+                        "named {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json")
+    p.add_argument("--append-result", action="store_true",
+                   help="add each run's result as one more JSON line to its file (vLLM's --append-result)")
     p.add_argument("--result-dir", default=".", help="directory of --save-result (default: here)")
-    p.add_argument("--result-filename", default=DEFAULT_RESULT_FILENAME,
-                   help=f"file name of --save-result (default {DEFAULT_RESULT_FILENAME})")
+    p.add_argument("--result-filename", type=file_name,
+                   help="one file for every run instead of vLLM's name per run (several runs need --append-result)")
+    p.add_argument("--result-date", type=result_date,
+                   help="the date in the results and their file names, YYYYMMDD-HHMMSS (default: now)")
+    p.add_argument("--label", type=file_name,
+                   help=f"prefix of the result labels and file names, followed by -POLICY-capCAP-seedSEED (default "
+                        f"{vllm_result.BACKEND})")
+    p.add_argument("--metadata", nargs="+", type=metadata_item, metavar="KEY=VALUE",
+                   help="key-value pairs saved in every result, e.g. --metadata version=1 machine=laptop")
     p.add_argument("--save-detailed", action="store_true",
-                   help="with --save-result: add every request's lengths, TTFT, TPOT, E2E, ITLs and error")
+                   help="with --save-result: add every request's lengths, start, TTFT, ITLs, latency, queue time and "
+                        "error as top-level lists")
+    p.add_argument("--max-context", type=bounded_int(MAX_TOKENS),
+                   help="with --trace: most tokens (prompt + reply) a request may hold, as the pipeline's "
+                        "trace.max_context")
+    p.add_argument("--too-long", choices=list(workload.TOO_LONG_POLICIES),
+                   help="with --max-context: refuse the trace, skip the longer requests or clip them (default refuse)")
     return p
 
 
@@ -223,12 +309,20 @@ def load_cost_model(spec: str) -> costmodel.CostModel:
 def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
     """(seed, rate, trace) for every seed and rate; a trace file is one fixed trace, so one seed."""
     rates = args.sweep_rate or ([args.rate] if args.rate else [])
+    if (args.max_context is not None or args.too_long is not None) and not args.trace:
+        raise UsageError("--max-context/--too-long: fit the requests of a --trace file; give --trace")
+    if args.too_long is not None and args.max_context is None:
+        raise UsageError(f"--too-long {args.too_long}: needs --max-context")
+    if args.burstiness is not None and (args.trace or args.workload not in workload.PRESETS):
+        raise UsageError(f"--burstiness {args.burstiness:g}: draws a preset's arrivals; a trace file keeps its own")
     if args.trace:
         return _file_traces(args, rates)
     if args.workload in workload.PRESETS:
         spec = dict(workload.PRESETS[args.workload])
         if args.num_requests:
             spec["num_requests"] = args.num_requests
+        if args.burstiness is not None:
+            spec["burstiness"] = args.burstiness
         rates = rates or [float(spec["rate"])]
         seeds = seeds_from(args)
         held = spec["num_requests"] * len(seeds) * len(rates)
@@ -283,12 +377,15 @@ def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
     if not Path(args.trace).is_file():
         raise UsageError(f"--trace {args.trace!r}: no such file")
     try:
-        loaded = workload.load_trace(args.trace, args.trace_layout, args.trace_columns, args.trace_timestamps)
+        loaded = workload.load_trace(args.trace, args.trace_layout, args.trace_columns, args.trace_timestamps,
+                                     max_context=args.max_context, too_long=args.too_long or "refuse")
     except (ValueError, OSError) as exc:
-        raise UsageError(f"--trace {args.trace!r}: {_reason(exc)}") from None
+        # the loader names the pipeline's key; on the command line it is the flag
+        raise UsageError(f"--trace {args.trace!r}: {_reason(exc).replace('set too_long to', 'give --too-long')}") from None
     trace = _first(loaded.trace, args.num_requests)
     args.trace_summary = {"path": args.trace, "layout": loaded.layout, "rows": loaded.rows,
-                          "skipped_zero_token_rows": loaded.skipped_zero_tokens, "requests": len(trace)}
+                          "skipped_zero_token_rows": loaded.skipped_zero_tokens, "requests": len(trace),
+                          "too_long": loaded.too_long, "too_long_requests": loaded.too_long_requests}
     if len(trace) == 0:
         raise UsageError(f"--trace {args.trace!r}: no request left ({loaded.rows} rows, "
                          f"{loaded.skipped_zero_tokens} with 0 tokens skipped)")
@@ -348,78 +445,66 @@ def slo_from(args) -> SLO:
                itl_ms=args.slo_itl_ms, itl_percentile=args.slo_itl_pct, e2el_ms=goodput.get("e2el"))
 
 
-def percentile_word(q: float) -> str:
-    """vLLM's spelling of a percentile in a key: 99 -> '99', 99.9 -> '99.9'."""
-    return str(int(q)) if int(q) == q else str(q)
-
-
-def vllm_figures(result, summary: dict, percentiles) -> dict:
-    """One run's figures under vLLM's result keys. Unfinished requests count as infinitely late, so
-    a run that did not keep up shows no latency statistic and no goodput (None)."""
-    frame = per_request(result)
-    finished = frame["finished"].to_numpy()
-    n_in, n_out = frame["prompt_tokens"].to_numpy(), frame["output_tokens"].to_numpy()
-    duration = summary["duration_s"]
-    stable = summary["stable"]
-    completed = int(finished.sum())
-    out = {"completed": completed, "total_input_tokens": int(n_in[finished].sum()),
-           "total_output_tokens": int(n_out[finished].sum()), "duration": duration,
-           "request_throughput": completed / duration if duration > 0 else None,
-           "output_throughput": summary["throughput_tok_s"],
-           "total_token_throughput": (int(n_in[finished].sum()) + int(n_out[finished].sum())) / duration
-           if duration > 0 else None,
-           "request_goodput": summary["goodput_rps"] if stable else None}
-    series = {"ttft": np.where(np.isnan(frame["ttft_s"]), math.inf, frame["ttft_s"]),
-              "tpot": np.where(finished, frame["tpot_s"], math.inf)[n_out >= 2],
-              "itl": itl_values(result),
-              "e2el": np.where(finished, frame["e2e_s"], math.inf)}
-    for name, values in series.items():
-        defined = stable and values.size > 0
-        ms = values * 1e3
-        out[f"mean_{name}_ms"] = finite_or_none(np.mean(ms)) if defined else None
-        out[f"median_{name}_ms"] = finite_or_none(percentile(ms, 50)) if defined else None
-        out[f"std_{name}_ms"] = finite_or_none(np.std(ms)) if defined else None
-        for q in percentiles:
-            out[f"p{percentile_word(q)}_{name}_ms"] = finite_or_none(percentile(ms, q)) if defined else None
-    return out
-
-
-def detailed(seed: int, result) -> dict:
-    """Every request of one run, as vLLM's --save-detailed lists them (seconds; None = never reached)."""
-    frame = per_request(result)
-    errors = ["does not fit in the KV cache" if rejected else "" if done else "unfinished"
-              for rejected, done in zip(frame["rejected"], frame["finished"])]
-    times = result.token_spans
-    return {"seed": seed, "input_lens": frame["prompt_tokens"].tolist(), "output_lens": frame["output_tokens"].tolist(),
-            "ttfts": [finite_or_none(v) for v in frame["ttft_s"]], "tpots": [finite_or_none(v) for v in frame["tpot_s"]],
-            "e2els": [finite_or_none(v) for v in frame["e2e_s"]],
-            "itls": [np.diff(result.token_times(i)).tolist() for i in range(len(times))], "errors": errors}
-
-
-def run_cells(args, cost, traces, slo, step_budget: tuple[int, str], vllm_keys: bool = False) -> list[dict]:
-    """One row per (policy, cap, rate): the mean over seeds of each summary figure, and with
-    `vllm_keys` the same under vLLM's result names (plus `detailed` per seed with --save-detailed).
-    `step_budget` is the chunking policies' (chunk size, what it counts)."""
+def simulate_run(args, cost, trace: workload.Trace, rate: float, policy: str, cap: int,
+                 step_budget: tuple[int, str], record_tokens: bool):
+    """One run: the open loop of the simulator, or the closed loop (servingplan.sim.closed_loop) under
+    --max-concurrency and at an infinite rate, where every request is sent at t = 0 and the run drains."""
     chunk_size, chunk_budget = step_budget
+    options = dict(kv_blocks=args.kv_blocks, block_size=args.block_size, record_tokens=record_tokens,
+                   chunk_budget=chunk_budget)
+    if args.max_concurrency is not None or math.isinf(rate):
+        return simulate_closed_loop(trace, cost, policy, cap, args.max_concurrency, chunk_size, **options)
+    return simulate(trace, cost, policy, cap, chunk_size, **options)
+
+
+class Progress:
+    """Runs done / total on stderr, on a terminal only and once the work has lasted PROGRESS_AFTER_S."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.shown = total, enabled, False
+        self.started = time.monotonic()
+
+    def update(self, done: int) -> None:
+        if self.enabled and (self.shown or time.monotonic() - self.started >= PROGRESS_AFTER_S):
+            self.shown = True
+            print(f"\r{PROG}: {done}/{self.total} runs simulated", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.shown:
+            print(file=sys.stderr, flush=True)
+
+
+def row_percentile_metrics(args) -> list[str]:
+    """The metrics of the rows' vLLM keys: every request-level one, and the client queue when closed-loop."""
+    return list(vllm_result.PERCENTILE_METRICS[:4]) + (["client_queue_time"] if args.max_concurrency else [])
+
+
+def run_cells(args, cost, traces, slo, step_budget: tuple[int, str], vllm_keys: bool = False,
+              on_run=None, progress: Progress | None = None) -> list[dict]:
+    """One row per (policy, cap, rate): the mean over seeds of each summary figure, and with
+    `vllm_keys` the same under vLLM's result names. `step_budget` is the chunking policies' (chunk
+    size, what it counts). `on_run(policy, cap, rate, seed, result, summary)` sees every run."""
     rates = sorted({rate for _, rate, _ in traces})
-    record_tokens = slo.itl_ms is not None or vllm_keys
+    record_tokens = slo.itl_ms is not None or vllm_keys or on_run is not None
     percentiles = args.metric_percentiles or DEFAULT_METRIC_PERCENTILES
-    rows = []
+    goodput = any(bound is not None for bound in (slo.ttft_ms, slo.tpot_ms, slo.itl_ms, slo.e2el_ms))
+    rows, done = [], 0
     for policy in chosen_policies(args):
         for cap in chosen_caps(args):
             for rate in rates:
-                summaries, figures, details = [], [], []
+                summaries, figures = [], []
                 for seed, r, trace in traces:
                     if r != rate:
                         continue
-                    result = simulate(trace, cost, policy, cap, chunk_size, kv_blocks=args.kv_blocks,
-                                      block_size=args.block_size, record_tokens=record_tokens,
-                                      chunk_budget=chunk_budget)
+                    result = simulate_run(args, cost, trace, rate, policy, cap, step_budget, record_tokens)
                     summaries.append(summarize(result, slo))
                     if vllm_keys:
-                        figures.append(vllm_figures(result, summaries[-1], percentiles))
-                    if args.save_detailed:
-                        details.append(detailed(seed, result))
+                        figures.append(run_figures(args, result, summaries[-1], percentiles, goodput))
+                    if on_run is not None:
+                        on_run(policy, cap, rate, seed, result, summaries[-1])
+                    done += 1
+                    if progress is not None:
+                        progress.update(done)
                 cell = {"policy": policy, "max_num_seqs": cap, "rate": rate}
                 # the shares count seeds: a per-seed 0/1 whose mean over seeds is the share
                 agg = over_seeds(pd.DataFrame([{**cell, **s, "stable_share": float(s["stable"]),
@@ -437,10 +522,22 @@ def run_cells(args, cost, traces, slo, step_budget: tuple[int, str], vllm_keys: 
                 if vllm_keys:
                     means = over_seeds(pd.DataFrame([{**cell, **f} for f in figures]), list(cell)).iloc[0]
                     row.update({key: means[key] for key in figures[0]})
-                if details:
-                    row["detailed"] = details
                 rows.append(row)
     return rows
+
+
+# the figures of a run, not its setup: what a row averages over seeds
+_SETUP_KEYS = ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+               "request_rate", "burstiness", "max_concurrency", "stable")
+
+
+def run_figures(args, result, summary: dict, percentiles, goodput: bool) -> dict:
+    """One run's figures under vLLM's result keys (the numbers of its result file, without the lists)."""
+    full = vllm_result.run_result(result, summary, rate=0.0, burstiness=1.0, max_concurrency=None, num_prompts=0,
+                                  model_id="", label="", date="", metadata={}, percentiles=percentiles,
+                                  percentile_metrics=row_percentile_metrics(args), goodput=goodput, detailed=False,
+                                  extra={})
+    return {k: (math.nan if v is None else v) for k, v in full.items() if k not in _SETUP_KEYS}
 
 
 def _fmt(value, digits: int, scale: float = 1.0, unit: str = "") -> str:
@@ -501,9 +598,11 @@ def format_table(rows: list[dict], slo: SLO, step_budget: tuple[int, str]) -> st
 
 
 def describe_slo(slo: SLO) -> str:
+    """Every bound given, each with the percentile the run must hold it at."""
     parts = [f"{name} p{pct:g} <= {bound:g} ms" for name, bound, pct in
              (("TTFT", slo.ttft_ms, slo.ttft_percentile), ("TPOT", slo.tpot_ms, slo.tpot_percentile),
-              ("ITL", slo.itl_ms, slo.itl_percentile)) if bound is not None]
+              ("ITL", slo.itl_ms, slo.itl_percentile), ("E2EL", slo.e2el_ms, slo.e2el_percentile))
+             if bound is not None]
     return ", ".join(parts) if parts else "none (every finished request is good)"
 
 
@@ -515,6 +614,76 @@ def format_curve(cost: costmodel.CostModel, context: int) -> str:
     return "\n".join(lines)
 
 
+def result_plan(args, cost, traces) -> tuple[str, int]:
+    """Check the --save-result options before any work: (date, runs) of the files to write."""
+    saving = args.save_result or args.append_result
+    for flag, given in (("--save-detailed", args.save_detailed), ("--result-filename", args.result_filename),
+                        ("--result-date", args.result_date), ("--label", args.label), ("--metadata", args.metadata),
+                        ("--percentile-metrics", args.percentile_metrics)):
+        if given and not saving:
+            raise UsageError(f"{flag}: shapes the result file; needs --save-result or --append-result")
+    keys = [key for key, _ in args.metadata or []]
+    if len(keys) > MAX_METADATA or len(set(keys)) < len(keys):
+        raise UsageError(f"--metadata {' '.join(keys)}: at most {MAX_METADATA} pairs, each key once")
+    taken = set(vllm_result.RESULT_KEYS) & set(keys)
+    if taken:
+        raise UsageError(f"--metadata {', '.join(sorted(taken))}: a result key of vLLM's; choose another key")
+    if "client_queue_time" in (args.percentile_metrics or []) and args.max_concurrency is None:
+        raise UsageError("--percentile-metrics client_queue_time: a request waits for a slot only under "
+                         "--max-concurrency")
+    if saving and (Path(args.result_dir).exists() and not Path(args.result_dir).is_dir()):
+        raise UsageError(f"--result-dir {args.result_dir!r}: must be a directory")
+    runs = len(chosen_policies(args)) * len(chosen_caps(args)) * len(traces)
+    if saving and args.result_filename and runs > 1 and not args.append_result:
+        raise UsageError(f"--result-filename {args.result_filename!r}: {runs} runs (policies x caps x rates x seeds) "
+                         "into one file need --append-result")
+    return args.result_date or datetime.now().strftime("%Y%m%d-%H%M%S"), runs
+
+
+def outside_profile(cost: costmodel.CostModel, traces) -> str | None:
+    """A warning when requests lie outside the prompt lengths or contexts the cost model was profiled
+    on (its meta.profiled_range, which the fit writes): its times there are extrapolated."""
+    profiled = cost.meta.get("profiled_range")
+    if profiled is None:
+        return None
+    ranges = {}
+    for key in ("prompt_tokens", "context_tokens"):
+        pair = profiled.get(key) if isinstance(profiled, dict) else None
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
+                and 0 <= pair[0] <= pair[1] <= MAX_TOKENS):
+            raise UsageError(f"--cost-model {cost.name!r}: meta.profiled_range.{key} = {pair!r}: must be [low, high], "
+                             f"integers with 0 <= low <= high <= {MAX_TOKENS}")
+        ranges[key] = pair
+    (prompt_lo, prompt_hi), context_hi = ranges["prompt_tokens"], ranges["context_tokens"][1]
+    outside = total = 0
+    for _, _, trace in traces:
+        prompts, contexts = trace.prompt_tokens, trace.prompt_tokens + trace.output_tokens
+        out = (prompts < prompt_lo) | (prompts > prompt_hi) | (contexts > context_hi)
+        outside += int(out.sum())
+        total += len(trace)
+    if not outside:
+        return None
+    return (f"{PROG}: warning: {outside} of {total} simulated requests lie outside the profiled range of cost model "
+            f"{cost.name!r} (prompt {prompt_lo}..{prompt_hi} tokens, context up to {context_hi} tokens); their step "
+            "times are extrapolated")
+
+
+def users_capacity(args, cost, traces, slo: SLO, step_budget: tuple[int, str]) -> dict:
+    """servingplan.users.capacity_users for every (policy, cap), on each seed's requests."""
+    by_seed = {}
+    for seed, _, trace in traces:
+        by_seed.setdefault(seed, trace)
+    return {(policy, cap): users.capacity_users(list(by_seed.values()), list(by_seed), cost, policy, cap, step_budget[0],
+                                                Criterion(slo), args.capacity_users, args.kv_blocks, args.block_size,
+                                                step_budget[1])
+            for policy in chosen_policies(args) for cap in chosen_caps(args)}
+
+
+def _users(seed: dict) -> str:
+    held = f"seed {seed['seed']}: {seed['lower']}"
+    return held + ("+" if seed["censored"] == "above_max" else "")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -523,26 +692,48 @@ def main(argv=None) -> int:
             print(format_curve(cost, args.curve_context))
             return 0
         slo = slo_from(args)
-        if args.save_detailed and not args.save_result:
-            raise UsageError("--save-detailed: needs --save-result")
-        result_path = Path(args.result_dir) / args.result_filename
-        if args.save_result and (result_path.is_dir() or Path(args.result_dir).is_file()):
-            raise UsageError(f"--result-dir {args.result_dir!r} / --result-filename {args.result_filename!r}: "
-                             "must name a file in a directory")
         step_budget = chunk_budget_from(args)
-        rows = run_cells(args, cost, load_traces(args), slo, step_budget, vllm_keys=args.json or args.save_result)
+        traces = load_traces(args)
+        date, runs = result_plan(args, cost, traces)
+        if args.capacity_users and slo == SLO(ttft_percentile=args.slo_ttft_pct, tpot_percentile=args.slo_tpot_pct,
+                                              itl_percentile=args.slo_itl_pct):
+            raise UsageError(f"--capacity-users {args.capacity_users}: needs an SLO bound to hold (--slo-ttft-ms, "
+                             "--slo-tpot-ms, --slo-itl-ms or --goodput)")
+        warning = outside_profile(cost, traces)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    if args.save_result:
-        write_json(result_path, {
-            "backend": "servingplan-sim", "cost_model": cost.name, "workload": args.workload,
-            "num_prompts": args.num_requests, "seeds": seeds_from(args) if args.workload in workload.PRESETS else [0],
-            "metric_percentiles": args.metric_percentiles or DEFAULT_METRIC_PERCENTILES,
-            "slo": {k: v for k, v in vars(slo).items() if v is not None},
-            "chunk_budget": {"tokens": step_budget[0], "counts": step_budget[1]},
-            "trace": getattr(args, "trace_summary", None),
-            "results": [{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows]})
+    if warning:
+        print(warning, file=sys.stderr)
+    saved = []
+
+    def keep_result(policy, cap, rate, seed, result, summary):
+        label = f"{args.label or vllm_result.BACKEND}-{policy}-cap{cap}-seed{seed}"
+        name = args.result_filename or vllm_result.result_filename(label, rate, args.max_concurrency, cost.name, date)
+        saved.append((Path(args.result_dir) / name, vllm_result.run_result(
+            result, summary, rate=rate, burstiness=args.burstiness or DEFAULT_BURSTINESS,
+            max_concurrency=args.max_concurrency, num_prompts=len(result.arrival_s), model_id=cost.name, label=label,
+            date=date, metadata=dict(args.metadata or []),
+            percentiles=args.metric_percentiles or DEFAULT_METRIC_PERCENTILES,
+            percentile_metrics=args.percentile_metrics or list(vllm_result.DEFAULT_PERCENTILE_METRICS),
+            goodput=bool(args.goodput), detailed=args.save_detailed,
+            extra={"policy": policy, "max_num_seqs": cap, "seed": seed, "workload": args.trace or args.workload,
+                   "chunk_budget": {"tokens": step_budget[0], "counts": step_budget[1]},
+                   **({"trace": args.trace_summary} if args.trace else {})})))
+
+    saving = args.save_result or args.append_result
+    progress = Progress(runs, enabled=sys.stderr.isatty() and not args.json)
+    try:
+        rows = run_cells(args, cost, traces, slo, step_budget, vllm_keys=args.json,
+                         on_run=keep_result if saving else None, progress=progress)
+    finally:
+        progress.close()
+    for path, result in saved:
+        vllm_result.save(path, result, append=args.append_result)
+    if args.capacity_users:
+        users_found = users_capacity(args, cost, traces, slo, step_budget)
+        for row in rows:
+            row["capacity_users"] = users_found[(row["policy"], row["max_num_seqs"])]["capacity_users"]
     if args.json:
         # JSON has no infinity (a trace whose requests all arrive at once has an infinite rate)
         print(json.dumps([{k: finite_or_none(v) if isinstance(v, float) else v for k, v in row.items()}
@@ -553,5 +744,18 @@ def main(argv=None) -> int:
         if summary:
             print(f"Trace {summary['path']} ({summary['layout']} layout): {summary['rows']} rows, "
                   f"{summary['skipped_zero_token_rows']} with 0 tokens skipped, {summary['requests']} requests "
-                  "simulated")
+                  "simulated" + (f", {summary['too_long_requests']} longer than --max-context "
+                                 f"{'skipped' if summary['too_long'] == 'skip' else 'clipped'}"
+                                 if summary['too_long_requests'] else ""))
+        if args.capacity_users:
+            for (policy, cap), found in users_found.items():
+                print(f"Most concurrent users holding the SLO in every seed: {policy} cap {cap} -> "
+                      f"{found['capacity_users']} users ({', '.join(_users(s) for s in found['per_seed'])}; "
+                      f"searched up to {args.capacity_users})")
+        if saved:
+            print(f"Saved {len(saved)} vLLM result{'s' if len(saved) > 1 else ''} in {args.result_dir}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -352,9 +352,26 @@ def check_or_exit(config: dict) -> None:
         print(line, file=sys.stderr)
 
 
+def overlaid(paths) -> dict:
+    """config.yaml with each file of `paths` merged on top, key by key into nested sections, as
+    `snakemake --configfile` merges its files onto the Snakefile's configfile."""
+    config = read(ROOT / "config.yaml")
+    for path in paths:
+        if Path(path).resolve() != (ROOT / "config.yaml").resolve():
+            config = _merged(config, read(path))
+    return config
+
+
+def _merged(base, overlay):
+    if not (isinstance(base, dict) and isinstance(overlay, dict)):
+        return overlay
+    return {**base, **{key: _merged(base.get(key), value) for key, value in overlay.items()}}
+
+
 if __name__ == "__main__":
+    # python -m servingplan.config [OVERLAY.yaml ...]: the config snakemake would run with
     try:
-        config = read(sys.argv[1] if len(sys.argv) > 1 else ROOT / "config.yaml")
+        config = overlaid(sys.argv[1:])
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         raise SystemExit(2)

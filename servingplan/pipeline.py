@@ -2,14 +2,24 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
+import psutil
+
 from servingplan.config import ConfigError
 
 _terminal = None
+# prctl(2)'s option: the signal this process gets when its parent dies
+PR_SET_PDEATHSIG = 1
+# how often a stage checks that the snakemake that started it is still alive
+WATCH_SNAKEMAKE_S = 1.0
 
 
 def canonical(value):
@@ -37,12 +47,41 @@ def terminal():
     return _terminal or sys.stderr
 
 
+def snakemake_ancestor(process: psutil.Process | None = None) -> psutil.Process | None:
+    """The nearest ancestor of this process that is a snakemake (None outside one)."""
+    for parent in (process or psutil.Process()).parents():
+        with contextlib.suppress(psutil.Error):
+            if any("snakemake" in Path(part).name for part in parent.cmdline()[:2]):
+                return parent
+    return None
+
+
+def die_with_snakemake(poll_s: float = WATCH_SNAKEMAKE_S) -> None:
+    """End this stage when the snakemake that started it ends, even by kill -9, instead of running on as
+    an orphan: the kernel signals it when its parent dies (PR_SET_PDEATHSIG), and since snakemake starts
+    a script through a shell, a watcher thread also ends it once the snakemake ancestor is gone."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ancestor = snakemake_ancestor()
+    if ancestor is None:
+        return
+
+    def watch():
+        with contextlib.suppress(psutil.Error):
+            while ancestor.is_running() and ancestor.status() != psutil.STATUS_ZOMBIE:
+                time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="die-with-snakemake", daemon=True).start()
+
+
 def run_stage(snakemake, main) -> None:
     """Call main(snakemake) with stdout/stderr in the rule's log, bracketed by wall-clock stamps that
     the report adds up into the pipeline's wall time. Outputs are written atomically by the stage, so
     a failure leaves none behind; it exits 1 with one line naming the rule, the exception and its
     message (the traceback is in the log)."""
     global _terminal
+    die_with_snakemake()
     log_path = Path(snakemake.log[0])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     real_stderr = sys.stderr

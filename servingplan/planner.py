@@ -18,6 +18,7 @@ from servingplan.memory import GB, kv_blocks_for_budget, memory_plan
 from servingplan.metrics import SLO, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import policies, simulate
+from servingplan.sim.closed_loop import simulate_load
 from servingplan.sim.fleet import ROUTERS, simulate_fleet
 from servingplan.workload import generate
 
@@ -56,9 +57,9 @@ def sweep_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     rows = []
     for seed, trace in zip(seeds, traces(workload, seeds)):
         for rate in sweep_rates(sweep, workload, slo):
-            result = simulate(trace.with_rate(rate), step_model, policy, cap, sweep["chunk_size"], blocks,
-                              memory["block_size"], sweep["horizon_factor"], record_tokens=True,
-                              chunk_budget=policies.chunk_budget(sweep))
+            result = simulate_load(trace.with_rate(rate), step_model, policy, cap, sweep["chunk_size"], blocks,
+                                   memory["block_size"], sweep["horizon_factor"], workload.get("max_concurrency"),
+                                   record_tokens=True, chunk_budget=policies.chunk_budget(sweep))
             rows.append({"policy": policy, "max_num_seqs": cap, "chunk_size": sweep["chunk_size"],
                          "rate": rate, "seed": seed, "kv_blocks": blocks,
                          **summarize(result, capstone_slo(slo))})

@@ -101,8 +101,30 @@ def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarra
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
 
+def vllm_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times as vLLM's benchmark client draws them (vllm/benchmarks/serve.py get_request): at an
+    infinite rate every request at t = 0; otherwise gaps drawn from a gamma distribution with shape
+    `burstiness` and scale 1/(rate*burstiness) (mean 1/rate, coefficient of variation 1/sqrt(burstiness);
+    burstiness 1 is Poisson, an infinite burstiness constant gaps), summed, then rescaled so the last
+    request arrives at n/rate exactly, as vLLM does to steady the throughput across seeds."""
+    if not rate > 0 or not burstiness > 0:
+        raise ValueError(f"arrival rate {rate} and burstiness {burstiness}: both must be > 0")
+    if math.isinf(rate):
+        return np.zeros(n)
+    if math.isinf(burstiness):
+        gaps = np.full(n, 1.0 / rate)
+    else:
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    arrivals = np.cumsum(gaps)
+    if n and arrivals[-1] > 0:
+        arrivals *= (n / rate) / arrivals[-1]
+    return arrivals
+
+
 def generate(spec: dict, seed: int) -> Trace:
-    """A trace from a workload spec: {num_requests, rate, prompt: {...}, output: {...}}, or a file:
+    """A trace from a workload spec: {num_requests, rate, [burstiness], prompt: {...}, output: {...}}
+    (without burstiness and at a finite rate, Poisson arrivals; with it or at rate inf, vLLM's draw,
+    vllm_arrivals), or a file:
     {trace: {path, layout, columns, timestamps, rate}} (see load_trace; the same trace for every seed)
     or {trace_csv}."""
     if spec.get("trace"):
@@ -111,7 +133,10 @@ def generate(spec: dict, seed: int) -> Trace:
         return load_trace_csv(spec["trace_csv"])
     rng = np.random.default_rng(seed)
     n = int(spec["num_requests"])
-    arrivals = poisson_arrivals(n, float(spec["rate"]), rng)
+    if spec.get("burstiness") is not None or math.isinf(float(spec["rate"])):
+        arrivals = vllm_arrivals(n, float(spec["rate"]), float(spec.get("burstiness") or 1.0), rng)
+    else:
+        arrivals = poisson_arrivals(n, float(spec["rate"]), rng)
     prompts = draw_lengths(spec["prompt"], n, rng)
     outputs = draw_lengths(spec["output"], n, rng)
     return Trace(arrivals, prompts, outputs)

@@ -323,6 +323,56 @@ def test_cli_arguments_are_refused_in_one_line_or_give_finite_figures(capsys, cl
         assert_figures(row.values())
 
 
+# -- load shapes and vLLM's result file (issue 21) --------------------------------------------------------
+
+LOAD_OPTION_VALUES = {
+    "--rate": ["inf", "20", "0"],
+    "--burstiness": ["0.5", "1", "inf", "0", "1e-9", "nan", "x"],
+    "--max-concurrency": ["1", "8", "1000000", "0", "2.5", "x"],
+    "--percentile-metrics": ["ttft", "e2el,client_queue_time", "goodput", ""],
+    "--metadata": ["a=1", "completed=1", "novalue"],
+    "--result-date": ["20260101-000000", "20261301-000000", "x"],
+    "--result-filename": ["one.json", "a/b.json"],
+    "--capacity-users": ["4", "0"],
+    "--slo-ttft-ms": ["2000"],
+    "--sweep-batch": ["4,8", "16"],
+}
+
+
+@st.composite
+def load_arguments(draw):
+    options = draw(st.lists(st.sampled_from(sorted(LOAD_OPTION_VALUES)), max_size=5, unique=True))
+    argv = [part for option in options for part in (option, draw(st.sampled_from(LOAD_OPTION_VALUES[option])))]
+    for flag in ("--save-result", "--append-result", "--save-detailed"):
+        if draw(st.booleans()):
+            argv.append(flag)
+    return argv
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(load_arguments())
+def test_load_shape_and_result_options_are_refused_in_one_line_or_give_finite_figures(capsys, tmp_path_factory,
+                                                                                       argv):
+    results = tmp_path_factory.mktemp("results")
+    with hang_guard():
+        try:
+            code = main(argv + ["--num-requests", "30", "--seeds", "1", "--json", "--result-dir", str(results)])
+        except SystemExit as exit_:
+            code = exit_.code
+    out, err = capsys.readouterr()
+    if code != 0:
+        assert code == 2 and out == ""
+        assert_one_line(err)
+        return
+    for row in json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON output")):
+        assert_figures(row.values())
+    for path in results.glob("*.json"):
+        for line in path.read_text().splitlines():
+            saved = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {path.name}"))
+            assert_figures(v for v in saved.values() if not isinstance(v, (list, dict)))
+
+
 # -- engine request mixes ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

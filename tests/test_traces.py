@@ -87,9 +87,11 @@ def test_cli_trace_with_a_rate_and_a_saved_result(burstgpt_jsonl, tmp_path, caps
                  "--save-result", "--result-dir", str(tmp_path), "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert row["rate"] == 2.0 and row["completed"] == 2
-    saved = json.loads((tmp_path / "serving_sim.json").read_text())
+    [saved_file] = tmp_path.glob("*.json")
+    saved = json.loads(saved_file.read_text())
     assert saved["trace"] == {"path": str(burstgpt_jsonl), "layout": "burstgpt", "rows": 3,
-                              "skipped_zero_token_rows": 1, "requests": 2}
+                              "skipped_zero_token_rows": 1, "requests": 2, "too_long": "refuse",
+                              "too_long_requests": 0}
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -272,6 +272,16 @@ def residual_structure(points: pd.DataFrame, error: np.ndarray, mape_goal: float
     return structure
 
 
+def profiled_range(points: pd.DataFrame) -> dict:
+    """[min, max] of the prompt lengths of the prefill points and of the contexts (new + cached tokens) of
+    every fitted point."""
+    fitted = points[points["kind"].isin(PREFILL_KINDS + DECODE_KINDS)]
+    prompts = fitted.loc[fitted["kind"].isin(PREFILL_KINDS), "prompt_len"]
+    contexts = fitted["prompt_len"] + fitted["cached"]
+    return {"prompt_tokens": [int(prompts.min()), int(prompts.max())],
+            "context_tokens": [int(contexts.min()), int(contexts.max())]}
+
+
 @dataclass
 class Fit:
     cost_model: CostModel
@@ -363,7 +373,9 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
         source=(f"profile of GPT-2 ({meta['model']['source']}, {meta['model']['param_count']} params) on "
                 f"{meta['machine']['cpu_model']} with {meta['machine']['threads']} threads"),
         meta={"machine_fingerprint": fingerprint, "profile_wall_time_s": meta["wall_time_s"],
-              "tiny_model": meta["settings"]["tiny"], "speed_band": speed_band(speed), **summary},
+              "tiny_model": meta["settings"]["tiny"], "speed_band": speed_band(speed), **summary,
+              # the shapes measured: the CLI warns of requests outside them (their times are extrapolated)
+              "profiled_range": profiled_range(points)},
     )
     report = {
         **summary,
