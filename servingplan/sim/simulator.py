@@ -4,6 +4,19 @@ Between events the batch does not change, so a run of identical decode-only step
 closed form: the step time grows by a constant (one more KV entry per sequence per step), so k
 steps take k*d0 + dd*k*(k-1)/2. Events are arrivals that could be admitted, completions, and KV
 block exhaustion.
+
+Keeping up is judged on the run's own load: the engine time a replica spends in steps (`busy_s`) against
+the trace's duration (its first to last arrival measured from time 0, the span Trace.mean_rate_rps
+divides by). busy_s - duration_s is how much the engine's backlog grew over the arrivals beyond the time
+it sat idle in them: the work left at the last arrival (the drain, during which a work-conserving engine
+is never idle) minus the idle time before it. A replica keeps up when that growth is negative by more than
+LOAD_RESOLUTION of the duration, i.e. its load busy_s / duration_s is below 1 - LOAD_RESOLUTION. For one
+server with a fixed service time per request (static or continuous at cap 1) busy_s is the trace's total
+service time, so the test is exactly "the trace's own load is below 1": every rate above the trace's own
+saturation rate is unstable, and so is the saturation rate itself (an M/G/1 queue at load 1 is
+null-recurrent: its queue grows as the square root of the requests). A replica whose load reaches that
+bound cannot recover it (busy time only grows), so a run that only needs the verdict stops there
+(`stop_when_unstable`).
 """
 from __future__ import annotations
 
@@ -41,7 +54,7 @@ class SimResult:
     peak_running: int
     peak_kv_blocks: int
     peak_kv_tokens: int
-    queue_growth: float           # fitted growth of the waiting queue over the trace (requests)
+    busy_s: float                 # engine time in steps of the busiest replica (s)
     policy: str
     max_num_seqs: int
     chunk_size: int
@@ -54,10 +67,11 @@ class SimResult:
 
     @property
     def stable(self) -> bool:
-        """Kept up: ran to completion, and the waiting queue did not build up over the trace."""
-        n = len(self.arrival_s)
+        """Kept up: ran to completion, and its busiest replica's load stayed below saturation (see the
+        module's note)."""
+        duration = float(self.arrival_s[-1]) if len(self.arrival_s) else 0.0
         return (not self.truncated and not self.rejected.any()
-                and self.queue_growth <= max(10.0, 0.05 * n))
+                and self.busy_s < duration * (1.0 - LOAD_RESOLUTION))
 
     def token_times(self, i: int) -> np.ndarray:
         """Emission time of every token of request i (needs record_tokens=True)."""
@@ -84,16 +98,11 @@ def steps_to_reach(gap: float, d0: float, dd: float) -> int:
     return k
 
 
-def queue_growth(times: list, waiting: list) -> float:
-    """Least-squares growth of the waiting count across the arrival window."""
-    if len(times) < 3:
-        return 0.0
-    t, w = np.asarray(times), np.asarray(waiting, dtype=float)
-    span = t[-1] - t[0]
-    if span <= 0:
-        return 0.0
-    slope = np.polyfit(t, w, 1)[0]
-    return float(slope * span)
+# The keeps-up test's resolution: a load within this share of 1 counts as saturated (unstable). It only
+# absorbs the rounding of summed step times (about n * 1e-16 relative), far below any rate tolerance.
+LOAD_RESOLUTION = 1e-9
+
+
 
 
 class Timeline:
@@ -117,6 +126,7 @@ class Replica:
         self.sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size), chunk_budget)
         self.timeline = timeline
         self.t = 0.0
+        self.busy = 0.0
         self.steps = self.events = 0
         self.peak_running = self.peak_blocks = self.peak_tokens = 0
 
@@ -127,10 +137,11 @@ class Replica:
     def add(self, seq: Seq) -> bool:
         return self.sched.add(seq)
 
-    def advance(self, until: float, horizon: float) -> None:
+    def advance(self, until: float, horizon: float, busy_limit: float = math.inf) -> None:
         """Run steps while the clock is before `until` (a step that starts before it runs to its
-        end); an idle engine waits until then. Stops early past `horizon`."""
-        while self.t < until and self.t <= horizon:
+        end); an idle engine waits until then. Stops early past `horizon`, or once the engine has been
+        busy for `busy_limit`."""
+        while self.t < until and self.t <= horizon and self.busy < busy_limit:
             if not self._step(until):
                 if math.isinf(until):
                     return
@@ -179,7 +190,9 @@ class Replica:
             self.peak_tokens = max(self.peak_tokens, sum([
                 s.prefilled if s.prefilled < s.prefill_target else s.prompt_len + s.generated - 1 for s in running]))
         start = self.t
-        self.t += k * d0 + dd * k * (k - 1) / 2
+        elapsed = k * d0 + dd * k * (k - 1) / 2
+        self.t += elapsed
+        self.busy += elapsed
         self.steps += k
         emitted, finished = sched.complete(step)
         if self.recorder is not None:
@@ -212,29 +225,33 @@ class Replica:
 
 
 def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: float, policy: str,
-                 max_num_seqs: int, chunk_size: int) -> SimResult:
+                 max_num_seqs: int, chunk_size: int, stop_when_unstable: bool = False) -> SimResult:
     """Feed the trace's arrivals to the replicas through `route(replicas, seq) -> index`, then drain.
     The run stops at `horizon_factor` trace-durations (at least 60 s past the last arrival); work
-    left then marks it truncated, i.e. the queue was unstable."""
+    left then marks it truncated, i.e. the queue was unstable. With `stop_when_unstable` it also stops,
+    truncated, as soon as a replica's busy time settles the run unstable (for searches that read only
+    verdicts: such a run's latencies are not the full run's)."""
     n = len(trace)
     timeline = replicas[0].timeline
     seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
     arrivals = np.asarray(trace.arrival_s, dtype=float)
     horizon = max(horizon_factor * trace.duration_s, trace.duration_s + 60.0)
+    limit = trace.duration_s * (1.0 - LOAD_RESOLUTION) if stop_when_unstable else math.inf
     rejected = np.zeros(n, dtype=bool)
-    q_times, q_waiting = [], []
+    arrived = 0
     for i, arrival in enumerate(arrivals.tolist()):
         if arrival > horizon:
             break
         for replica in replicas:
-            replica.advance(arrival, horizon)
+            replica.advance(arrival, horizon, limit)
+        if any(r.busy >= limit for r in replicas):
+            break
         target = replicas[route(replicas, seqs[i])]
         rejected[i] = not target.add(seqs[i])
-        q_times.append(arrival)
-        q_waiting.append(sum(len(r.sched.waiting) for r in replicas))
+        arrived += 1
     for replica in replicas:
-        replica.advance(math.inf, horizon)
-    truncated = any(not r.sched.idle for r in replicas) or len(q_times) < n
+        replica.advance(math.inf, horizon, limit)
+    truncated = any(not r.sched.idle for r in replicas) or arrived < n
 
     return SimResult(
         arrival_s=arrivals, prompt_tokens=np.asarray(trace.prompt_tokens),
@@ -245,7 +262,7 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
         token_spans=timeline.spans, end_s=max(r.t for r in replicas), truncated=truncated,
         steps=sum(r.steps for r in replicas), events=sum(r.events for r in replicas),
         peak_running=max(r.peak_running for r in replicas), peak_kv_blocks=max(r.peak_blocks for r in replicas),
-        peak_kv_tokens=max(r.peak_tokens for r in replicas), queue_growth=queue_growth(q_times, q_waiting),
+        peak_kv_tokens=max(r.peak_tokens for r in replicas), busy_s=max(r.busy for r in replicas),
         policy=policy, max_num_seqs=max_num_seqs, chunk_size=chunk_size, meta={"replicas": len(replicas)},
         step_table=replicas[0].recorder.frame() if len(replicas) == 1 and replicas[0].recorder is not None else None,
     )
@@ -254,11 +271,12 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
 def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
              kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
              record_tokens: bool = False, record_steps: bool = False,
-             chunk_budget: str = DEFAULT_CHUNK_BUDGET) -> SimResult:
-    """Serve `trace` on one replica; with `record_steps`, every engine step is a row of `step_table`.
+             chunk_budget: str = DEFAULT_CHUNK_BUDGET, stop_when_unstable: bool = False) -> SimResult:
+    """Serve `trace` on one replica; with `record_steps`, every engine step is a row of `step_table`;
+    with `stop_when_unstable`, stop as soon as the run is settled unstable (see run_replicas).
     `chunk_budget` says what `chunk_size` counts (servingplan.sim.policies.CHUNK_BUDGETS)."""
     timeline = Timeline(len(trace), record_tokens)
     replica = Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline,
                       StepRecorder() if record_steps else None, chunk_budget)
     return run_replicas(trace, [replica], lambda replicas, seq: 0, horizon_factor, policy, max_num_seqs,
-                        chunk_size)
+                        chunk_size, stop_when_unstable)
