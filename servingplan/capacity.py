@@ -8,9 +8,9 @@ bracket [lower, upper]: the SLO held at `lower` and failed at `upper`.
 Every criterion and every speed of the measured band is searched on the same draws, and the searches
 share what is already known instead of each starting from [rate_min, rate_max]:
 - one run per (speed, seed, rate), whatever the criterion: every criterion is judged on it;
-- every criterion requires a stable queue, so a rate whose run was unstable fails them all, and so does
-  every rate from the service-rate bound up (saturation_rate: the rate whose trace duration the engine
-  time the trace needs at the least, busy_floor, already fills);
+- every criterion requires a stable queue, so a rate whose run was unstable fails them all, and with one
+  slot so does every rate from the service-rate bound up (saturation_rate: the rate whose trace duration
+  the engine time the trace needs at the least, busy_floor, already fills);
 - a search starts at a guess (the same criterion's bracket on the previous seed, or at the fitted speed
   scaled by the service-rate bounds' ratio) and widens geometrically until the threshold is bracketed,
   then bisects as before;
@@ -170,8 +170,9 @@ def ttft_floor_s(trace: Trace, cost, policy: str) -> np.ndarray:
 
 
 def saturation_rate(trace: Trace, cost, policy: str, cap: int) -> float:
-    """The rate from which `trace` is unstable on one replica whatever the scheduling: there the trace's
-    duration (len / rate) is no longer than busy_floor, and a replica keeps up only with a load below 1."""
+    """The rate at which busy_floor fills the trace's duration (len / rate). With one slot a replica's
+    backlog growth is its busy time minus the duration (sim.simulator), so from this rate on it is
+    unstable; with more slots it is where full batches would saturate, a starting guess."""
     return len(trace) / busy_floor(trace, cost, policy, cap)
 
 
@@ -206,7 +207,7 @@ def capacity_searches(traces: list[Trace], seeds: list[int], cost, policy: str, 
             bound = saturation_rate(trace, model, policy, cap)
             for name in order:
                 known = {rate: judged(rate, name) for rate in list(runs)}
-                fails_from = min([bound, *(rate for rate, ok in known.items() if not ok)])
+                fails_from = min([bound if cap == 1 else math.inf, *(rate for rate, ok in known.items() if not ok)])
                 held = [rate for rate, ok in known.items() if ok and rate < fails_from]
                 guess = _guess(per_seed, model_name, name, index, bound, saturation_rate(
                     trace, cost, policy, cap), tolerance)

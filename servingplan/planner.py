@@ -136,9 +136,9 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     that would do the same (with `speedup_band`, also at the slowest and fastest measured speed).
     Runs stop once settled unstable (the verdict and its detail read no latency of an unstable run);
     one replica's runs are shared by every router and the speed-up search; each search starts from
-    the analytic bounds: fewer replicas than the busy-time floor fills cannot keep up, and a speed-up
-    below the one that brings the prefill floor's percentile to the target, or below the one that
-    lets one replica keep up, fails."""
+    the analytic bounds: a speed-up below the one that brings the prefill floor's percentile to the
+    target fails, and with one slot per replica, so do fewer replicas, or a smaller speed-up, than
+    the busy-time floor needs to keep up."""
     blocks = kv_blocks(machine, memory)
     draws = traces(workload, seeds)
     rates = {"today": float(workload["rate"]), "capacity_target": float(slo["capacity_target_rate"])}
@@ -157,7 +157,10 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
         return run
 
     def replicas_below_keep_up(model) -> float:
-        """Replicas whose busiest one the busy-time floor alone fills (their load >= 1) at some target rate."""
+        """With one slot per replica: replicas whose busiest one the busy-time floor alone fills (a load
+        >= 1, unstable) at some target rate. With more slots nothing is known (0)."""
+        if cap > 1:
+            return 0.0
         return max(busy_floor(t, model, policy, cap) * rate / len(t) for t in draws for rate in rates.values())
 
     fewest = math.floor(replicas_below_keep_up(step_model)) + 1

@@ -277,7 +277,7 @@ class _Run:
             rejected=self.rejected, token_spans=self.spans, end_s=self._clock(), truncated=truncated,
             steps=len(self.step_rows), events=self.events, peak_running=self.peak_running,
             peak_kv_blocks=self.peak_blocks, peak_kv_tokens=self.peak_tokens,
-            busy_s=float(steps["duration_s"].sum()), policy=engine.policy,
+            backlog_growth_s=None, policy=engine.policy,
             max_num_seqs=engine.max_num_seqs, chunk_size=engine.chunk_size,
             meta={"engine": "real", "threads": engine.threads, "max_wall_s": self.max_wall_s,
                   "errors": dict(self.errors), "peak_rss_bytes": int(self.peak_rss),
