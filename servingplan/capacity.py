@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from servingplan.metrics import SLO, summarize
+from servingplan.metrics import SLO, slo_verdict
 from servingplan.sim import policies, simulate
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.workload import Trace
@@ -201,7 +201,7 @@ def capacity_searches(traces: list[Trace], seeds: list[int], cost, policy: str, 
                                           stop_when_unstable=True)
                 if (rate, name) not in verdicts:
                     result = runs[rate]
-                    verdicts[(rate, name)] = result.stable and criteria[name].holds(summarize(result, criteria[name].slo))
+                    verdicts[(rate, name)] = result.stable and criteria[name].holds(slo_verdict(result, criteria[name].slo))
                 return verdicts[(rate, name)]
 
             bound = saturation_rate(trace, model, policy, cap)

@@ -117,15 +117,20 @@ def capacity_rows(cell: dict):
                "per_seed_upper": ";".join(f"{s['upper']:.6g}" for s in result["per_seed"])}
 
 
-def _targets_hold(run, rates, slo) -> tuple[bool, dict]:
+def _targets_hold(run, rates, slo, verdict_only: bool = False) -> tuple[bool, dict]:
     """Both latency targets at once: the TTFT percentile SLO at today's rate and at the capacity
-    target rate, judged on the mean over seeds of the per-seed percentile; any unstable seed fails."""
+    target rate, judged on the mean over seeds of the per-seed percentile; any unstable seed fails.
+    With `verdict_only` the higher rate goes first and the first failure ends it (the detail is then
+    partial); `run(rate, verdict_only)` may then stop at its first unstable seed."""
     detail = {}
     pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
-    for label, rate in rates.items():
-        cell = over_seeds(pd.DataFrame(run(rate)).assign(rate=rate), ["rate"]).iloc[0]
+    for label, rate in (sorted(rates.items(), key=lambda item: -item[1]) if verdict_only else rates.items()):
+        summaries = pd.DataFrame(run(rate, verdict_only), columns=["stable", pct])
+        cell = over_seeds(summaries.assign(rate=rate), ["rate"]).iloc[0]
         mean = None if pd.isna(cell[pct]) else float(cell[pct])
         detail[label] = {"rate": rate, "stable": bool(cell["stable"]) and mean is not None, "ttft_ms_mean": mean}
+        if verdict_only and not (detail[label]["stable"] and mean <= slo["ttft_ms"]):
+            return False, detail
     ok = all(d["stable"] and d["ttft_ms_mean"] <= slo["ttft_ms"] for d in detail.values())
     return ok, detail
 
@@ -146,14 +151,20 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     runs = {}
 
     def fleet_run(replicas, router, model):
-        def run(rate):
+        def run(rate, verdict_only=False):
             key = (replicas, router if replicas > 1 else None, model, rate)
-            if key not in runs:
-                runs[key] = [summarize(simulate_fleet(t.with_rate(rate), model, policy, cap, sweep["chunk_size"],
-                                                      blocks, memory["block_size"], sweep["horizon_factor"],
-                                                      replicas, router, chunk_budget=policies.chunk_budget(sweep),
-                                                      stop_when_unstable=True), target_slo) for t in draws]
-            return runs[key]
+            if key in runs:
+                return runs[key]
+            summaries = []
+            for t in draws:
+                summaries.append(summarize(simulate_fleet(
+                    t.with_rate(rate), model, policy, cap, sweep["chunk_size"], blocks, memory["block_size"],
+                    sweep["horizon_factor"], replicas, router, chunk_budget=policies.chunk_budget(sweep),
+                    stop_when_unstable=True), target_slo))
+                if verdict_only and not summaries[-1]["stable"]:
+                    return summaries          # settled: an unstable seed fails the targets
+            runs[key] = summaries
+            return summaries
         return run
 
     def replicas_below_keep_up(model) -> float:
@@ -181,7 +192,7 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     def speedup_for(model, guess):
         return smallest_speedup(
             lambda speedup: _targets_hold(fleet_run(1, "round_robin", model.scaled(speedup) if speedup != 1.0
-                                                    else model), rates, slo)[0],
+                                                    else model), rates, slo, verdict_only=True)[0],
             capacity["tolerance"], failing_speedup(model), guess)
 
     # the fitted model's search starts just above its known failure (the answer is often that bound);
