@@ -81,7 +81,7 @@ def search_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: fl
     What is known without a run: it fails at every rate >= `fails_from`, and it holds at `known_to_hold`.
     With nothing known and no `guess`, this is a plain log bisection of [rate_min, rate_max] after
     checking both ends. With a guess, the first run is there, and the bracket widens from it by factors
-    (1 + tolerance)^2, ^4, ^8, ... until the threshold is inside; then log bisection."""
+    (1 + tolerance), ^2, ^4, ... until the threshold is inside; then log bisection."""
     evaluations = 0
 
     def check(rate):
@@ -110,7 +110,7 @@ def search_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: fl
                 lo = at
             else:
                 hi = at
-    factor = (1.0 + tolerance) ** 2
+    factor = 1.0 + tolerance             # a good guess is bracketed by one more run
     while hi is None:                      # widen upwards from a rate that holds
         at = min(lo * factor, top)
         if at == top and top_fails:
