@@ -167,27 +167,36 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
             return summaries
         return run
 
+    def floor_load(model) -> float:
+        """The largest load the busy-time floor alone puts on one replica at a target rate."""
+        return max(busy_floor(t, model, policy, cap) * rate / len(t) for t in draws for rate in rates.values())
+
     def replicas_below_keep_up(model) -> float:
         """With one slot per replica: replicas whose busiest one the busy-time floor alone fills (a load
         >= 1, unstable) at some target rate. With more slots nothing is known (0)."""
-        if cap > 1:
-            return 0.0
-        return max(busy_floor(t, model, policy, cap) * rate / len(t) for t in draws for rate in rates.values())
+        return floor_load(model) if cap == 1 else 0.0
+
+    def latency_floor_speedup(model) -> float:
+        """The speed-up that brings the mean over seeds of the prefill floor's percentile to the TTFT
+        target (slightly less: known to fail up to it); above 1, no fleet of this machine meets it."""
+        floor_ms = np.mean([np.percentile(ttft_floor_s(t, model, policy) * 1e3, slo["ttft_percentile"])
+                            for t in draws])
+        return floor_ms / slo["ttft_ms"] * (1.0 - 1e-9)
+
+    def failing_speedup(model) -> float:
+        """The largest speed-up known to fail: the busy-time floor fills one replica's trace at a target
+        rate, or the mean over seeds of the prefill floor's percentile exceeds the TTFT target."""
+        return max(replicas_below_keep_up(model), latency_floor_speedup(model))
 
     fewest = math.floor(replicas_below_keep_up(step_model)) + 1
+    # the largest fleet first only when the prefill floor already fails the target (its detail is the answer)
+    largest_first = latency_floor_speedup(step_model) >= 1.0
     fleets = {}
     for router in cost_cfg["routers"]:
         if router not in ROUTERS:
             raise ValueError(f"router {router!r}: allowed {', '.join(ROUTERS)}")
         fleets[router] = smallest_fleet(lambda r: _targets_hold(fleet_run(r, router, step_model), rates, slo),
-                                        cost_cfg["max_replicas"], fewest)
-
-    def failing_speedup(model) -> float:
-        """The largest speed-up known to fail: the busy-time floor fills one replica's trace at a target
-        rate, or the mean over seeds of the prefill floor's percentile exceeds the TTFT target."""
-        floor_ms = np.mean([np.percentile(ttft_floor_s(t, model, policy) * 1e3, slo["ttft_percentile"])
-                            for t in draws])
-        return max(replicas_below_keep_up(model), floor_ms / slo["ttft_ms"] * (1.0 - 1e-9))
+                                        cost_cfg["max_replicas"], fewest, largest_first)
 
     def speedup_for(model, guess):
         return smallest_speedup(
@@ -195,14 +204,16 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
                                                     else model), rates, slo, verdict_only=True)[0],
             capacity["tolerance"], failing_speedup(model), guess)
 
-    # the fitted model's search starts just above its known failure (the answer is often that bound);
-    # each speed of the band's, at the fitted answer scaled by the ratio of their known failures
+    # the fitted model's search starts just above its known failure, or where the busy-time floor says
+    # full batches would saturate (with more slots not a failure, a guess); each speed of the band's at
+    # the fitted answer scaled by the ratio of those starting points
     known = failing_speedup(step_model)
-    fitted = speedup_for(step_model, known * (1.0 + capacity["tolerance"]) if known >= 1.0 else None)
+    start = max(known, floor_load(step_model))
+    fitted = speedup_for(step_model, start * (1.0 + capacity["tolerance"]) if start >= 1.0 else None)
     band = {}
     if speedup_band:
         for name, model in speed_band_models(step_model).items():
-            scale = failing_speedup(model) / known if known >= 1.0 else 1.0
+            scale = max(failing_speedup(model), floor_load(model)) / start if start >= 1.0 else 1.0
             band[name] = speedup_for(model, fitted["speedup_needed"] * scale if fitted["speedup_needed"] else None)
     return {"policy": policy, "max_num_seqs": cap, "kv_blocks": blocks, "fleets": fleets, **fitted,
             "speedup_speed_band": band}
@@ -222,10 +233,11 @@ def smallest_speedup(holds, tolerance: float, fails_up_to: float = 0.0, guess: f
     return {"speedup_needed": 1.0 / found["lower"], "speedup_bracket": [1.0 / found["upper"], 1.0 / found["lower"]]}
 
 
-def smallest_fleet(holds, max_replicas: int, fewest: int = 1) -> dict:
+def smallest_fleet(holds, max_replicas: int, fewest: int = 1, largest_first: bool = True) -> dict:
     """Fewest replicas for which `holds(r)` is (True, detail), where fewer than `fewest` are known to
-    fail. The largest fleet is tried first, so a target no fleet can meet (a latency floor that
-    replicas do not lower) costs one evaluation; then doubling from `fewest` and bisection."""
+    fail. With `largest_first` the largest fleet is tried first, so a target no fleet can meet (a
+    latency floor that replicas do not lower) costs one evaluation; then doubling from `fewest` and
+    bisection."""
     tried = {}
 
     def check(r):
@@ -233,12 +245,17 @@ def smallest_fleet(holds, max_replicas: int, fewest: int = 1) -> dict:
             tried[r] = holds(r)
         return tried[r][0]
 
-    if not check(max_replicas):
+    def infeasible():
         return {"replicas": None, "feasible": False, "max_replicas": max_replicas,
                 "at_max": tried[max_replicas][1], "tried": sorted(tried)}
+
+    if largest_first and not check(max_replicas):
+        return infeasible()
     r = min(max(fewest, 1), max_replicas)
     failed = r - 1
     while not check(r):
+        if r == max_replicas:
+            return infeasible()
         failed, r = r, min(2 * r, max_replicas)
     lo, hi = failed, r
     while hi - lo > 1:

@@ -54,6 +54,15 @@ def test_smallest_fleet_finds_the_threshold(needed, fewest):
     assert min(found["tried"]) >= fewest
 
 
+@pytest.mark.parametrize("needed", [1, 3, 64, 65])
+def test_smallest_fleet_by_doubling_alone_finds_the_threshold_or_reports_infeasible(needed):
+    found = planner.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64, largest_first=False)
+    if needed <= 64:
+        assert found["feasible"] and found["replicas"] == needed
+    else:
+        assert not found["feasible"] and found["at_max"] == {"r": 64} and found["tried"] == [1, 2, 4, 8, 16, 32, 64]
+
+
 def test_smallest_fleet_reports_infeasible_after_one_try():
     found = planner.smallest_fleet(lambda r: (False, {"r": r}), 64)
     assert not found["feasible"] and found["tried"] == [64] and found["at_max"] == {"r": 64}
