@@ -101,8 +101,9 @@ def steps_to_reach(gap: float, d0: float, dd: float) -> int:
     return k
 
 
-# The keeps-up test's resolution: a load within this share of 1 counts as saturated (unstable). It only
-# absorbs the rounding of summed step times (about n * 1e-16 relative), far below any rate tolerance.
+# The keeps-up test's resolution, a share of the trace's duration: a backlog growth above -1e-9 of it counts
+# as saturated (unstable); for one slot, a load within 1e-9 of 1. It only absorbs the rounding of summed
+# step times (about n * 1e-16 relative), far below any rate tolerance.
 LOAD_RESOLUTION = 1e-9
 
 
