@@ -206,6 +206,50 @@ def _latency_stats(prefix: str, values_s: np.ndarray, sort_in_place: bool = Fals
     return out
 
 
+def _slo_outcome(result: SimResult, slo: SLO | None, frame: pd.DataFrame, ttft: np.ndarray, tpot: np.ndarray,
+                 e2e: np.ndarray, gaps: np.ndarray | None, own_itl: np.ndarray | None) -> tuple[np.ndarray, bool]:
+    """The good requests and whether the aggregate SLO holds, from summarize's arrays (unfinished
+    requests' latencies infinite)."""
+    if slo is None:
+        return frame["finished"].to_numpy(), True
+    good = good_requests(result, slo, frame, own_itl)
+    checks = []
+    if slo.ttft_ms is not None:
+        checks.append(percentile(ttft, slo.ttft_percentile) * 1e3 <= slo.ttft_ms)
+    if slo.tpot_ms is not None and tpot.size:
+        checks.append(percentile(tpot, slo.tpot_percentile) * 1e3 <= slo.tpot_ms)
+    if slo.itl_ms is not None:
+        if gaps.size:
+            checks.append(percentile(gaps, slo.itl_percentile) * 1e3 <= slo.itl_ms)
+    if slo.e2el_ms is not None:
+        checks.append(percentile(e2e, slo.e2el_percentile) * 1e3 <= slo.e2el_ms)
+    return good, all(checks)
+
+
+def _latencies(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, TPOT (of requests with two or more tokens) and E2E in seconds, infinite where unfinished."""
+    finished = frame["finished"].to_numpy()
+    n_out = frame["output_tokens"].to_numpy()
+    ttft = np.where(np.isnan(frame["ttft_s"]), math.inf, frame["ttft_s"])
+    e2e = np.where(finished, frame["e2e_s"], math.inf)
+    tpot = np.where(finished, frame["tpot_s"], math.inf)[n_out >= 2]
+    return ttft, tpot, e2e
+
+
+def slo_verdict(result: SimResult, slo: SLO | None = None) -> dict:
+    """What a capacity criterion reads of summarize(result, slo), without its latency statistics:
+    `stable`, `attainment` and `slo_holds`, computed by the same code."""
+    frame = per_request(result)
+    ttft, tpot, e2e = _latencies(frame)
+    gaps = own_itl = None
+    if slo is not None and slo.itl_ms is not None:
+        gaps, own_itl = inter_token_gaps(result, slo.itl_percentile)
+    good, holds = _slo_outcome(result, slo, frame, ttft, tpot, e2e, gaps, own_itl)
+    n = len(frame)
+    return {"stable": bool(result.stable), "attainment": float(good.sum()) / n if n else None,
+            "slo_holds": bool(holds)}
+
+
 def summarize(result: SimResult, slo: SLO | None = None) -> dict:
     """Flat, JSON-friendly summary of one run: latency statistics in ms (None = infinite or
     undefined), throughput, goodput and SLO attainment, and the run's stability facts.
@@ -218,9 +262,7 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict:
     finished = frame["finished"].to_numpy()
     n_out = frame["output_tokens"].to_numpy()
     # unfinished requests count as infinitely late
-    ttft = np.where(np.isnan(frame["ttft_s"]), math.inf, frame["ttft_s"])
-    e2e = np.where(finished, frame["e2e_s"], math.inf)
-    tpot = np.where(finished, frame["tpot_s"], math.inf)[n_out >= 2]
+    ttft, tpot, e2e = _latencies(frame)
 
     first_arrival = float(result.arrival_s[0]) if n else 0.0
     duration = float(result.end_s) - first_arrival
@@ -243,23 +285,7 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict:
         raise ValueError("ITL needs token times: simulate with record_tokens=True")
     out.update(_latency_stats("e2e_ms", e2e))
 
-    if slo is None:
-        good = finished
-        holds = True
-    else:
-        good = good_requests(result, slo, frame, own_itl)
-        checks = []
-        if slo.ttft_ms is not None:
-            checks.append(percentile(ttft, slo.ttft_percentile) * 1e3 <= slo.ttft_ms)
-        if slo.tpot_ms is not None and tpot.size:
-            checks.append(percentile(tpot, slo.tpot_percentile) * 1e3 <= slo.tpot_ms)
-        if slo.itl_ms is not None:
-            if gaps.size:
-                # sorted in place by the ITL statistics above
-                checks.append(_sorted_percentile(gaps, slo.itl_percentile) * 1e3 <= slo.itl_ms)
-        if slo.e2el_ms is not None:
-            checks.append(percentile(e2e, slo.e2el_percentile) * 1e3 <= slo.e2el_ms)
-        holds = all(checks)
+    good, holds = _slo_outcome(result, slo, frame, ttft, tpot, e2e, gaps, own_itl)
     out.update({
         "good": int(good.sum()),
         "goodput_rps": float(good.sum()) / duration if duration > 0 else None,

@@ -12,7 +12,8 @@ import pandas as pd
 
 from servingplan import money
 from servingplan.costmodel import CostModel
-from servingplan.capacity import Criterion, capacity_in_band, log_bisect, speed_band_models
+from servingplan.capacity import (Criterion, busy_floor, capacity_searches, search_rate, speed_band_models,
+                                  ttft_floor_s)
 from servingplan.config import HERE
 from servingplan.memory import GB, kv_blocks_for_budget, memory_plan
 from servingplan.metrics import SLO, summarize
@@ -100,11 +101,10 @@ def capacity_cell(step_model, machine, policy, cap, workload, slo, sweep, memory
         "joint_attainment": Criterion(capstone_slo(slo), attainment_goal=slo["attainment_goal"]),
         "stable": Criterion(SLO(), attainment_goal=0.0),
     }
-    criteria = {name: every[name] for name in criteria}
-    return {name: capacity_in_band(draws, seeds, step_model, policy, cap, sweep["chunk_size"], criterion,
-                                   capacity["rate_min"], capacity["rate_max"], capacity["tolerance"], blocks,
-                                   memory["block_size"], sweep["horizon_factor"], policies.chunk_budget(sweep))
-            for name, criterion in criteria.items()}
+    return capacity_searches(draws, seeds, step_model, policy, cap, sweep["chunk_size"],
+                             {name: every[name] for name in criteria}, capacity["rate_min"], capacity["rate_max"],
+                             capacity["tolerance"], blocks, memory["block_size"], sweep["horizon_factor"],
+                             policies.chunk_budget(sweep))
 
 
 def capacity_rows(cell: dict):
@@ -119,15 +119,20 @@ def capacity_rows(cell: dict):
                "per_seed_upper": ";".join(f"{s['upper']:.6g}" for s in result["per_seed"])}
 
 
-def _targets_hold(run, rates, slo) -> tuple[bool, dict]:
+def _targets_hold(run, rates, slo, verdict_only: bool = False) -> tuple[bool, dict]:
     """Both latency targets at once: the TTFT percentile SLO at today's rate and at the capacity
-    target rate, judged on the mean over seeds of the per-seed percentile; any unstable seed fails."""
+    target rate, judged on the mean over seeds of the per-seed percentile; any unstable seed fails.
+    With `verdict_only` the higher rate goes first and the first failure ends it (the detail is then
+    partial); `run(rate, verdict_only)` may then stop at its first unstable seed."""
     detail = {}
     pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
-    for label, rate in rates.items():
-        cell = over_seeds(pd.DataFrame(run(rate)).assign(rate=rate), ["rate"]).iloc[0]
+    for label, rate in (sorted(rates.items(), key=lambda item: -item[1]) if verdict_only else rates.items()):
+        summaries = pd.DataFrame(run(rate, verdict_only), columns=["stable", pct])
+        cell = over_seeds(summaries.assign(rate=rate), ["rate"]).iloc[0]
         mean = None if pd.isna(cell[pct]) else float(cell[pct])
         detail[label] = {"rate": rate, "stable": bool(cell["stable"]) and mean is not None, "ttft_ms_mean": mean}
+        if verdict_only and not (detail[label]["stable"] and mean <= slo["ttft_ms"]):
+            return False, detail
     ok = all(d["stable"] and d["ttft_ms_mean"] <= slo["ttft_ms"] for d in detail.values())
     return ok, detail
 
@@ -135,53 +140,106 @@ def _targets_hold(run, rates, slo) -> tuple[bool, dict]:
 def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity, cost_cfg,
                speedup_band: bool = True) -> dict:
     """Smallest fleet per router that meets both latency targets, and the single-machine speed-up
-    that would do the same (with `speedup_band`, also at the slowest and fastest measured speed)."""
+    that would do the same (with `speedup_band`, also at the slowest and fastest measured speed).
+    Runs stop once settled unstable (the verdict and its detail read no latency of an unstable run);
+    one replica's runs are shared by every router and the speed-up search; each search starts from
+    the analytic bounds: a speed-up below the one that brings the prefill floor's percentile to the
+    target fails, and with one slot per replica, so do fewer replicas, or a smaller speed-up, than
+    the busy-time floor needs to keep up."""
     blocks = kv_blocks(machine, memory)
     draws = traces(workload, seeds)
     rates = {"today": float(workload["rate"]), "capacity_target": float(slo["capacity_target_rate"])}
     target_slo = ttft_slo(slo)
+    runs = {}
 
     def fleet_run(replicas, router, model):
-        def run(rate):
-            return [summarize(simulate_fleet(t.with_rate(rate), model, policy, cap, sweep["chunk_size"],
-                                             blocks, memory["block_size"], sweep["horizon_factor"],
-                                             replicas, router, chunk_budget=policies.chunk_budget(sweep)),
-                                     target_slo) for t in draws]
+        def run(rate, verdict_only=False):
+            key = (replicas, router if replicas > 1 else None, model, rate)
+            if key in runs:
+                return runs[key]
+            summaries = []
+            for t in draws:
+                summaries.append(summarize(simulate_fleet(
+                    t.with_rate(rate), model, policy, cap, sweep["chunk_size"], blocks, memory["block_size"],
+                    sweep["horizon_factor"], replicas, router, chunk_budget=policies.chunk_budget(sweep),
+                    stop_when_unstable=True), target_slo))
+                if verdict_only and not summaries[-1]["stable"]:
+                    return summaries          # settled: an unstable seed fails the targets
+            runs[key] = summaries
+            return summaries
         return run
 
+    def floor_load(model) -> float:
+        """The largest load the busy-time floor alone puts on one replica at a target rate."""
+        return max(busy_floor(t, model, policy, cap) * rate / len(t) for t in draws for rate in rates.values())
+
+    def replicas_below_keep_up(model) -> float:
+        """With one slot per replica: replicas whose busiest one the busy-time floor alone fills (a load
+        >= 1, unstable) at some target rate. With more slots nothing is known (0)."""
+        return floor_load(model) if cap == 1 else 0.0
+
+    def latency_floor_speedup(model) -> float:
+        """The speed-up that brings the mean over seeds of the prefill floor's percentile to the TTFT
+        target (slightly less: known to fail up to it); above 1, no fleet of this machine meets it."""
+        floor_ms = np.mean([np.percentile(ttft_floor_s(t, model, policy) * 1e3, slo["ttft_percentile"])
+                            for t in draws])
+        return floor_ms / slo["ttft_ms"] * (1.0 - 1e-9)
+
+    def failing_speedup(model) -> float:
+        """The largest speed-up known to fail: the busy-time floor fills one replica's trace at a target
+        rate, or the mean over seeds of the prefill floor's percentile exceeds the TTFT target."""
+        return max(replicas_below_keep_up(model), latency_floor_speedup(model))
+
+    fewest = math.floor(replicas_below_keep_up(step_model)) + 1
+    # the largest fleet first only when the prefill floor already fails the target (its detail is the answer)
+    largest_first = latency_floor_speedup(step_model) >= 1.0
     fleets = {}
     for router in cost_cfg["routers"]:
         if router not in ROUTERS:
             raise ValueError(f"router {router!r}: allowed {', '.join(ROUTERS)}")
         fleets[router] = smallest_fleet(lambda r: _targets_hold(fleet_run(r, router, step_model), rates, slo),
-                                        cost_cfg["max_replicas"])
+                                        cost_cfg["max_replicas"], fewest, largest_first)
 
-    def speedup_for(model):
+    def speedup_for(model, guess):
         return smallest_speedup(
-            lambda speedup: _targets_hold(fleet_run(1, "round_robin", model.scaled(speedup)), rates, slo)[0],
-            capacity["tolerance"])
+            lambda speedup: _targets_hold(fleet_run(1, "round_robin", model.scaled(speedup) if speedup != 1.0
+                                                    else model), rates, slo, verdict_only=True)[0],
+            capacity["tolerance"], failing_speedup(model), guess)
 
-    return {"policy": policy, "max_num_seqs": cap, "kv_blocks": blocks, "fleets": fleets,
-            **speedup_for(step_model),
-            "speedup_speed_band": {name: speedup_for(model) for name, model in speed_band_models(step_model).items()}
-            if speedup_band else {}}
+    # the fitted model's search starts just above its known failure, or where the busy-time floor says
+    # full batches would saturate (with more slots not a failure, a guess); each speed of the band's at
+    # the fitted answer scaled by the ratio of those starting points
+    known = failing_speedup(step_model)
+    start = max(known, floor_load(step_model))
+    fitted = speedup_for(step_model, start * (1.0 + capacity["tolerance"]) if start >= 1.0 else None)
+    band = {}
+    if speedup_band:
+        for name, model in speed_band_models(step_model).items():
+            scale = max(failing_speedup(model), floor_load(model)) / start if start >= 1.0 else 1.0
+            band[name] = speedup_for(model, fitted["speedup_needed"] * scale if fitted["speedup_needed"] else None)
+    return {"policy": policy, "max_num_seqs": cap, "kv_blocks": blocks, "fleets": fleets, **fitted,
+            "speedup_speed_band": band}
 
 
-def smallest_speedup(holds, tolerance: float) -> dict:
+def smallest_speedup(holds, tolerance: float, fails_up_to: float = 0.0, guess: float | None = None) -> dict:
     """Least factor by which every term of the cost model must shrink for `holds` (log bisection);
-    None when even SPEEDUP_MAX is not enough."""
-    if holds(1.0):
+    None when even SPEEDUP_MAX is not enough. Known without a run: `holds` fails at every factor up to
+    `fails_up_to`; the search starts at `guess` when given (capacity.search_rate on the factor's inverse)."""
+    found = search_rate(lambda inverse: holds(1.0 / inverse), 1.0 / SPEEDUP_MAX, 1.0, tolerance,
+                        1.0 / fails_up_to if fails_up_to > 0 else math.inf, None,
+                        1.0 / guess if guess else None)
+    if found["censored"] == "above_max":
         return {"speedup_needed": 1.0, "speedup_bracket": [1.0, 1.0]}
-    if not holds(SPEEDUP_MAX):
+    if found["censored"] == "below_min":
         return {"speedup_needed": None, "speedup_bracket": [SPEEDUP_MAX, None]}
-    lo, hi = log_bisect(lambda speedup: not holds(speedup), 1.0, SPEEDUP_MAX, tolerance)
-    return {"speedup_needed": hi, "speedup_bracket": [lo, hi]}
+    return {"speedup_needed": 1.0 / found["lower"], "speedup_bracket": [1.0 / found["upper"], 1.0 / found["lower"]]}
 
 
-def smallest_fleet(holds, max_replicas: int) -> dict:
-    """Fewest replicas for which `holds(r)` is (True, detail). The largest fleet is tried first, so
-    a target no fleet can meet (a latency floor that replicas do not lower) costs one evaluation;
-    then doubling and bisection."""
+def smallest_fleet(holds, max_replicas: int, fewest: int = 1, largest_first: bool = True) -> dict:
+    """Fewest replicas for which `holds(r)` is (True, detail), where fewer than `fewest` are known to
+    fail. With `largest_first` the largest fleet is tried first, so a target no fleet can meet (a
+    latency floor that replicas do not lower) costs one evaluation; then doubling from `fewest` and
+    bisection."""
     tried = {}
 
     def check(r):
@@ -189,11 +247,17 @@ def smallest_fleet(holds, max_replicas: int) -> dict:
             tried[r] = holds(r)
         return tried[r][0]
 
-    if not check(max_replicas):
+    def infeasible():
         return {"replicas": None, "feasible": False, "max_replicas": max_replicas,
                 "at_max": tried[max_replicas][1], "tried": sorted(tried)}
-    failed, r = 0, 1
+
+    if largest_first and not check(max_replicas):
+        return infeasible()
+    r = min(max(fewest, 1), max_replicas)
+    failed = r - 1
     while not check(r):
+        if r == max_replicas:
+            return infeasible()
         failed, r = r, min(2 * r, max_replicas)
     lo, hi = failed, r
     while hi - lo > 1:

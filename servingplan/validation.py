@@ -301,7 +301,8 @@ def result_to_json(result: SimResult) -> dict:
     out.update({"end_s": float(result.end_s), "truncated": bool(result.truncated), "steps": int(result.steps),
                 "events": int(result.events), "peak_running": int(result.peak_running),
                 "peak_kv_blocks": int(result.peak_kv_blocks), "peak_kv_tokens": int(result.peak_kv_tokens),
-                "queue_growth": float(result.queue_growth), "policy": result.policy,
+                "backlog_growth_s": None if result.backlog_growth_s is None else float(result.backlog_growth_s),
+                "policy": result.policy,
                 "max_num_seqs": int(result.max_num_seqs), "chunk_size": int(result.chunk_size),
                 "meta": {key: value for key, value in result.meta.items() if key != "errors"},
                 "errors": {str(i): reason for i, reason in result.meta.get("errors", {}).items()}})
@@ -320,7 +321,7 @@ def result_from_json(data: dict) -> SimResult:
         rejected=np.array(data["rejected"], dtype=bool), token_spans=None, end_s=data["end_s"],
         truncated=data["truncated"], steps=data["steps"], events=data["events"], peak_running=data["peak_running"],
         peak_kv_blocks=data["peak_kv_blocks"], peak_kv_tokens=data["peak_kv_tokens"],
-        queue_growth=data["queue_growth"], policy=data["policy"], max_num_seqs=data["max_num_seqs"],
+        backlog_growth_s=data["backlog_growth_s"], policy=data["policy"], max_num_seqs=data["max_num_seqs"],
         chunk_size=data["chunk_size"], meta=meta)
 
 

@@ -27,7 +27,7 @@ def hand_result(arrival, first, completion, outputs, spans=None, end=None, trunc
         completion_s=completion, generated=np.where(np.isnan(completion), 0, outputs),
         preemptions=np.zeros(n, int), recomputed_tokens=np.zeros(n, int), rejected=np.zeros(n, bool),
         token_spans=spans, end_s=float(np.nanmax(completion)) if end is None else end, truncated=truncated,
-        steps=0, events=0, peak_running=1, peak_kv_blocks=0, peak_kv_tokens=0, queue_growth=0.0,
+        steps=0, events=0, peak_running=1, peak_kv_blocks=0, peak_kv_tokens=0, backlog_growth_s=-1.0,
         policy="continuous", max_num_seqs=1, chunk_size=512)
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from servingplan import planner
-from servingplan.capacity import bisect_rate
+from servingplan.capacity import search_rate
 from servingplan.money import cost_per_1k_tokens, max_replicas_within
 from servingplan.costmodel import CostModel
 from servingplan.memory import kv_blocks_for_budget, kv_bytes_per_token, largest_cap, memory_plan
@@ -26,18 +26,41 @@ FAST = CostModel(decode_fixed_s=2e-3, decode_per_seq_s=1e-4, decode_per_ctx_toke
 SLOW = FAST.scaled(1 / 40)
 
 
-def test_bisect_rate_brackets_the_threshold():
-    found = bisect_rate(lambda r: r <= 3.3, 0.1, 50.0, 0.01)
-    assert found["lower"] <= 3.3 < found["upper"]
+@pytest.mark.parametrize("known", [{}, {"guess": 3.0}, {"guess": 0.11}, {"guess": 49.0}, {"fails_from": 7.0},
+                                   {"fails_from": 3.31, "guess": 3.0}, {"known_to_hold": 1.0, "guess": 20.0}])
+def test_search_rate_brackets_the_threshold(known):
+    found = search_rate(lambda r: r <= 3.3, 0.1, 50.0, 0.01, **known)
+    assert found["lower"] <= 3.3 < found["upper"] and found["censored"] == ""
     assert found["upper"] / found["lower"] - 1 <= 0.01
-    assert bisect_rate(lambda r: False, 0.1, 50.0, 0.01)["censored"] == "below_min"
-    assert bisect_rate(lambda r: True, 0.1, 50.0, 0.01)["censored"] == "above_max"
+    for guess in (None, 0.1, 5.0, 50.0):
+        assert search_rate(lambda r: False, 0.1, 50.0, 0.01, guess=guess)["censored"] == "below_min"
+        assert search_rate(lambda r: True, 0.1, 50.0, 0.01, guess=guess)["censored"] == "above_max"
+    assert search_rate(lambda r: True, 0.1, 50.0, 0.01, fails_from=0.1) == {
+        "lower": 0.0, "upper": 0.1, "evaluations": 0, "censored": "below_min"}
+
+
+def test_search_rate_runs_nothing_it_already_knows():
+    calls = []
+    found = search_rate(lambda r: calls.append(r) or r <= 3.3, 0.1, 50.0, 0.01, fails_from=3.31, guess=3.3)
+    assert calls == [3.3] and (found["lower"], found["upper"]) == (3.3, 3.31)
 
 
 @pytest.mark.parametrize("needed", [1, 2, 5, 17, 64])
-def test_smallest_fleet_finds_the_threshold(needed):
-    found = planner.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64)
+@pytest.mark.parametrize("fewest", [1, 2, 5])
+def test_smallest_fleet_finds_the_threshold(needed, fewest):
+    fewest = min(fewest, needed)
+    found = planner.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64, fewest)
     assert found["feasible"] and found["replicas"] == needed and found["detail"] == {"r": needed}
+    assert min(found["tried"]) >= fewest
+
+
+@pytest.mark.parametrize("needed", [1, 3, 64, 65])
+def test_smallest_fleet_by_doubling_alone_finds_the_threshold_or_reports_infeasible(needed):
+    found = planner.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64, largest_first=False)
+    if needed <= 64:
+        assert found["feasible"] and found["replicas"] == needed
+    else:
+        assert not found["feasible"] and found["at_max"] == {"r": 64} and found["tried"] == [1, 2, 4, 8, 16, 32, 64]
 
 
 def test_smallest_fleet_reports_infeasible_after_one_try():
@@ -50,6 +73,9 @@ def test_smallest_speedup():
     assert found["speedup_bracket"][0] < 3.7 <= found["speedup_needed"] <= 3.7 * 1.01
     assert planner.smallest_speedup(lambda s: True, 0.01)["speedup_needed"] == 1.0
     assert planner.smallest_speedup(lambda s: False, 0.01)["speedup_needed"] is None
+    for fails_up_to, guess in ((2.0, None), (3.6, 3.7 * 1.01), (1.0, 50.0), (3.0, 3.1)):
+        found = planner.smallest_speedup(lambda s: s >= 3.7, 0.01, fails_up_to, guess)
+        assert found["speedup_bracket"][0] < 3.7 <= found["speedup_needed"] <= found["speedup_bracket"][0] * 1.01
 
 
 def test_memory_arithmetic_for_gpt2_small():

@@ -29,7 +29,7 @@ from servingplan.profiling.machine import configure_threads
 from servingplan.serving.kvpool import KVPool, configure_allocator, decode_call, decode_step, prefill_call, prefill_step
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
-from servingplan.sim.simulator import SimResult, queue_growth
+from servingplan.sim.simulator import SimResult
 from servingplan.sim.steps import StepRecorder
 from servingplan.workload import Trace
 
@@ -141,8 +141,6 @@ class _Run:
         self.spans = [[] for _ in range(n)]
         self.errors: dict[int, str] = {}
         self.recorder = StepRecorder(ENGINE_STEP_COLUMNS)
-        self.queue_times: list[float] = []
-        self.queue_waiting: list[int] = []
         self.peak_running = self.peak_blocks = self.peak_tokens = self.events = 0
         # resident memory sampled after every step: what serving at this cap really holds
         self.process = psutil.Process()
@@ -198,8 +196,6 @@ class _Run:
         if problem is not None:
             self.rejected[seq.id] = True
             self.errors[seq.id] = problem
-        self.queue_times.append(float(self.arrivals_due[seq.id]))
-        self.queue_waiting.append(len(self.scheduler.waiting))
 
     def _run_step(self, step, start: float) -> None:
         for seq in step.admitted:
@@ -290,7 +286,7 @@ class _Run:
             rejected=self.rejected, token_spans=self.spans, end_s=self._clock(), truncated=truncated,
             steps=len(self.recorder.rows), events=self.events, peak_running=self.peak_running,
             peak_kv_blocks=self.peak_blocks, peak_kv_tokens=self.peak_tokens,
-            queue_growth=queue_growth(self.queue_times, self.queue_waiting), policy=engine.policy,
+            backlog_growth_s=None, policy=engine.policy,
             max_num_seqs=engine.max_num_seqs, chunk_size=engine.chunk_size,
             meta={"engine": "real", "threads": engine.threads, "max_wall_s": self.max_wall_s,
                   "errors": dict(self.errors), "peak_rss_bytes": int(self.peak_rss),

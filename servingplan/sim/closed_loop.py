@@ -22,7 +22,7 @@ import numpy as np
 from servingplan.costmodel import CostModel
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import Seq
-from servingplan.sim.simulator import Replica, SimResult, Timeline, queue_growth, simulate
+from servingplan.sim.simulator import Replica, SimResult, Timeline, simulate
 from servingplan.workload import Trace
 
 
@@ -58,7 +58,6 @@ def simulate_closed_loop(trace: Trace, cost: CostModel, policy: str, max_num_seq
     # the times slots were given back (a completion, or the send time of a refused request), sorted,
     # and the requests holding a slot
     returns, in_flight = [], set()
-    q_times, q_backlog = [], []
     for i in range(n):
         slot_time = -math.inf
         needed = i - slots + 1  # requests before i that must have given their slot back
@@ -73,14 +72,11 @@ def simulate_closed_loop(trace: Trace, cost: CostModel, policy: str, max_num_seq
             replica.advance(send, math.inf)
             _collect(timeline, in_flight, returns)
         sent[i] = send
-        rejected[i] = not replica.add(seqs[i])
+        rejected[i] = not replica.add(seqs[i], send)
         if rejected[i]:
             insort(returns, send)
         else:
             in_flight.add(i)
-        q_times.append(send)
-        # the backlog: requests in the engine's queue and those arrived but still waiting for a slot
-        q_backlog.append(len(replica.sched.waiting) + int(np.searchsorted(arrivals, send, side="right")) - (i + 1))
     replica.advance(math.inf, math.inf)
     return SimResult(
         arrival_s=sent, prompt_tokens=np.asarray(trace.prompt_tokens), output_tokens=np.asarray(trace.output_tokens),
@@ -89,11 +85,13 @@ def simulate_closed_loop(trace: Trace, cost: CostModel, policy: str, max_num_seq
         recomputed_tokens=np.array([s.recomputed_tokens for s in seqs]), rejected=rejected,
         token_spans=timeline.spans, end_s=replica.t, truncated=not replica.sched.idle, steps=replica.steps,
         events=replica.events, peak_running=replica.peak_running, peak_kv_blocks=replica.peak_blocks,
-        peak_kv_tokens=replica.peak_tokens, queue_growth=queue_growth(q_times, q_backlog), policy=policy,
+        peak_kv_tokens=replica.peak_tokens,
+        # a closed loop cannot fall behind its arrivals: at most N requests are ever in the engine, and
+        # the wait for a slot is the client's (client_queue_s), so keeping up rests on draining alone
+        backlog_growth_s=None, policy=policy,
         max_num_seqs=max_num_seqs, chunk_size=chunk_size,
         meta={"replicas": 1, "max_concurrency": max_concurrency, "scheduled_arrival_s": arrivals,
               "client_queue_s": sent - arrivals})
-
 
 
 def _collect(timeline: Timeline, in_flight: set, returns: list) -> None:

@@ -24,7 +24,8 @@ ROUTERS = {"round_robin": round_robin, "join_shortest_queue": join_shortest_queu
 
 def simulate_fleet(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
                    kv_blocks: int | None, block_size: int, horizon_factor: float, replicas: int,
-                   router: str, record_tokens: bool = False, chunk_budget: str = DEFAULT_CHUNK_BUDGET) -> SimResult:
+                   router: str, record_tokens: bool = False, chunk_budget: str = DEFAULT_CHUNK_BUDGET,
+                   stop_when_unstable: bool = False) -> SimResult:
     if router not in ROUTERS:
         raise ValueError(f"router={router!r}: allowed {', '.join(ROUTERS)}")
     if replicas < 1:
@@ -32,4 +33,5 @@ def simulate_fleet(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int
     timeline = Timeline(len(trace), record_tokens)
     fleet = [Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline, None, chunk_budget)
              for _ in range(replicas)]
-    return run_replicas(trace, fleet, ROUTERS[router](), horizon_factor, policy, max_num_seqs, chunk_size)
+    return run_replicas(trace, fleet, ROUTERS[router](), horizon_factor, policy, max_num_seqs, chunk_size,
+                        stop_when_unstable)
