@@ -75,7 +75,8 @@ def bisect_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: fl
     if not check(rate_min):
         return {"lower": 0.0, "upper": rate_min, "evaluations": evaluations, "censored": "below_min"}
     if check(rate_max):
-        return {"lower": rate_max, "upper": math.inf, "evaluations": evaluations, "censored": "above_max"}
+        # no upper bound was found (null: JSON has no infinity); `censored` says why
+        return {"lower": rate_max, "upper": None, "evaluations": evaluations, "censored": "above_max"}
     lo, hi = log_bisect(check, rate_min, rate_max, tolerance)
     return {"lower": lo, "upper": hi, "evaluations": evaluations, "censored": ""}
 

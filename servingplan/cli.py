@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan import costmodel, workload
-from servingplan.io import write_json
+from servingplan.io import InputError, check_output_path, quiet_on_closed_pipe, write_json
 from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import POLICIES, simulate
@@ -142,13 +142,25 @@ def column_mapping(text: str) -> dict:
     return mapping
 
 
+class _Once(argparse._StoreAction):
+    """An option with aliases (--num-requests/--num-prompts) given twice with different values is a
+    contradiction, not a choice of the last."""
+    def __call__(self, parser, namespace, values, option_string=None):
+        previous = getattr(namespace, self.dest, None)
+        if getattr(namespace, f"_{self.dest}_given", False) and previous != values:
+            parser.error(f"argument {'/'.join(self.option_strings)}: given twice with different values "
+                         f"({previous!r} and {values!r}): give one")
+        setattr(namespace, f"_{self.dest}_given", True)
+        super().__call__(parser, namespace, values, option_string)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog=PROG, description="Simulate LLM serving policies on a workload and report "
                        "TTFT/TPOT/ITL percentiles, throughput and goodput (mean over seeds).")
     p.add_argument("--policies", type=list_of(policy_name), action="append",
                    help=f"policies, comma-separated or repeated; allowed: {', '.join(POLICIES)} "
                         "(default continuous_chunked)")
-    p.add_argument("--rate", "--request-rate", dest="rate", type=arrival_rate,
+    p.add_argument("--rate", "--request-rate", dest="rate", type=arrival_rate, action=_Once,
                    help="arrival rate, requests/s (default: the workload's)")
     p.add_argument("--sweep-rate", type=list_of(arrival_rate), help="comma-separated arrival rates")
     p.add_argument("--max-num-seqs", type=sequence_cap, default=DEFAULT_CAP,
@@ -181,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=lambda s: _number(s, int, "an integer seed", 0, inclusive=True, maximum=MAX_SEED),
                    help="run exactly this one seed (instead of --seeds)")
     p.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=bounded_int(MAX_NUM_REQUESTS),
+                   action=_Once,
                    help="requests per trace (default: the workload's)")
     p.add_argument("--slo-ttft-ms", type=bounded_float(MAX_LATENCY_MS), help="TTFT bound, ms")
     p.add_argument("--slo-ttft-pct", type=percentile_value, default=95.0, help="TTFT percentile (default 95)")
@@ -212,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_cost_model(spec: str) -> costmodel.CostModel:
     allowed = f"allowed: a preset ({', '.join(costmodel.PRESETS)}) or a cost-model JSON file"
-    if spec not in costmodel.PRESETS and not Path(spec).is_file():
+    if spec not in costmodel.PRESETS and not Path(spec).exists():
         raise UsageError(f"--cost-model {spec!r}: no such preset or file; {allowed}")
     try:
         return costmodel.load(spec)
@@ -237,7 +250,7 @@ def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
                              f"{len(rates)} = {held:,} requests: at most {MAX_TRACE_REQUESTS:,} allowed")
         return [(seed, rate, workload.generate({**spec, "rate": rate}, seed))
                 for rate in rates for seed in seeds]
-    if not Path(args.workload).is_file():
+    if not Path(args.workload).exists():
         raise UsageError(f"--workload {args.workload!r}: no such preset or file; allowed: a preset "
                          f"({', '.join(workload.PRESETS)}) or a trace CSV")
     if args.seeds is not None or args.seed is not None:
@@ -264,13 +277,17 @@ def _first(trace: workload.Trace, n: int | None) -> workload.Trace:
 def _at_rates(trace: workload.Trace, label: str, rates) -> list[tuple[int, float, workload.Trace]]:
     """A file's trace at its own pace (rate = requests / span) or rescaled to each of `rates`."""
     if not rates:
-        return [(0, len(trace) / trace.duration_s if trace.duration_s > 0 else math.inf, trace)]
-    if trace.duration_s <= 0:
-        raise UsageError(f"{label}: all arrivals at one time, so --rate cannot rescale it")
+        return [(0, trace.mean_rate_rps or math.inf, trace)]
+    if trace.mean_rate_rps is None:
+        raise UsageError(f"{label}: all arrivals at one time (within {workload.MIN_TRACE_SPAN_S:g} s), so --rate "
+                         "cannot rescale it")
     if len(trace) * len(rates) > MAX_TRACE_REQUESTS:
         raise UsageError(f"{label}: {len(trace):,} requests x {len(rates)} rates: at most "
                          f"{MAX_TRACE_REQUESTS:,} requests allowed")
-    return [(0, rate, trace.with_rate(rate)) for rate in rates]
+    try:
+        return [(0, rate, trace.with_rate(rate)) for rate in rates]
+    except ValueError as exc:
+        raise UsageError(f"{label}: {_reason(exc)}") from None
 
 
 def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
@@ -280,7 +297,7 @@ def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
     if args.seeds is not None or args.seed is not None:
         raise UsageError(f"--seeds/--seed with --trace {args.trace!r}: a trace file is one fixed trace; "
                          "seeds draw the presets' synthetic traces only")
-    if not Path(args.trace).is_file():
+    if not Path(args.trace).exists():
         raise UsageError(f"--trace {args.trace!r}: no such file")
     try:
         loaded = workload.load_trace(args.trace, args.trace_layout, args.trace_columns, args.trace_timestamps)
@@ -515,6 +532,7 @@ def format_curve(cost: costmodel.CostModel, context: int) -> str:
     return "\n".join(lines)
 
 
+@quiet_on_closed_pipe
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -525,10 +543,12 @@ def main(argv=None) -> int:
         slo = slo_from(args)
         if args.save_detailed and not args.save_result:
             raise UsageError("--save-detailed: needs --save-result")
-        result_path = Path(args.result_dir) / args.result_filename
-        if args.save_result and (result_path.is_dir() or Path(args.result_dir).is_file()):
-            raise UsageError(f"--result-dir {args.result_dir!r} / --result-filename {args.result_filename!r}: "
-                             "must name a file in a directory")
+        if args.save_result:
+            # before any simulation: a path that cannot be written must not cost a run
+            try:
+                result_path = check_output_path(args.result_dir, args.result_filename, "--result-filename")
+            except InputError as exc:
+                raise UsageError(f"--save-result: {exc}") from None
         step_budget = chunk_budget_from(args)
         rows = run_cells(args, cost, load_traces(args), slo, step_budget, vllm_keys=args.json or args.save_result)
     except UsageError as exc:
