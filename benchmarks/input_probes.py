@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 CLI = [sys.executable, str(ROOT / "scripts" / "serving_sim.py")]
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
 INJECTION = "ok\n\n# Fake section\n[x](javascript:alert(3))"
@@ -56,6 +57,69 @@ def run(argv, timeout: float):
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return None
+
+
+class Finished:
+    """What a probe process left: its exit code and its stdout and stderr text."""
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def run_forked(entry, argv, timeout: float):
+    """`entry(argv)` (an entry point's main) in a child forked from this process, which has imported
+    the package once: the probe still runs in its own process, with its own exit code and output, and
+    one still running after `timeout` is a hang (killed), without paying Python's start-up per probe."""
+    import io
+    import multiprocessing
+    import traceback
+    from contextlib import redirect_stderr, redirect_stdout
+
+    def child(connection):
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = entry(argv)
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+        connection.send((code or 0, out.getvalue(), err.getvalue()))
+        connection.close()
+
+    receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
+    process = multiprocessing.get_context("fork").Process(target=child, args=(sender,))
+    process.start()
+    sender.close()
+    if not receiver.poll(timeout):
+        process.kill()
+        process.join()
+        return None
+    try:
+        code, out, err = receiver.recv()
+    except EOFError:
+        code, out, err = process.exitcode, "", "Traceback: the probe process died"
+    process.join()
+    return Finished(code, out, err)
+
+
+def config_entry(argv):
+    """What `python -m servingplan.config PATH` runs."""
+    from servingplan import config as config_module
+    try:
+        config = config_module.read(argv[0])
+    except config_module.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2)
+    config_module.check_or_exit(config)
+    print("config ok")
+    return 0
+
+
+def cli_entry(argv):
+    """What `python scripts/serving_sim.py ARGS` runs."""
+    from servingplan.cli import main as cli_main
+    return cli_main(argv)
 
 
 def finite_json(out: str) -> bool:
@@ -291,12 +355,12 @@ def config_file_probes(tmp: Path):
 def run_config_probes(tmp: Path):
     outcomes = []
     for name, path in config_file_probes(tmp).items():
-        proc = run([sys.executable, "-m", "servingplan.config", str(path)], timeout=60)
+        proc = run_forked(config_entry, [str(path)], timeout=60)
         outcomes.append(("config", f"config file: {name}", classify(proc, False), proc.stderr.strip() if proc else ""))
     for i, (name, config, expect_ok) in enumerate(config_probes() + config_probes_19(tmp)):
         path = tmp / f"config_{i}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        proc = run([sys.executable, "-m", "servingplan.config", str(path)], timeout=60)
+        proc = run_forked(config_entry, [str(path)], timeout=60)
         outcomes.append(("config", name, classify(proc, expect_ok), proc.stderr.strip() if proc else ""))
     return outcomes
 
@@ -494,8 +558,10 @@ def cli_probes_19(tmp: Path):
         path = write_trace_text(tmp, file_name, text)
         argv = ["--trace", str(path), "--request-rate", "5", "--json"]
         for key, value in keys.items():
-            argv += {"columns": ["--trace-columns", ",".join(f"{k}={v}" for k, v in (value or {}).items())],
-                     "layout": ["--trace-layout", str(value)], "timestamps": ["--trace-timestamps", str(value)]}[key]
+            if key == "columns":
+                argv += ["--trace-columns", ",".join(f"{k}={v}" for k, v in value.items())]
+            else:
+                argv += [f"--trace-{key}", str(value)]
         probes.append((f"--trace: {name}", argv, False, finite_json))
         if file_name.endswith(".csv") and not keys:
             probes.append((f"--workload: {name}", ["--workload", str(path), "--request-rate", "5", "--json"], False,
@@ -561,7 +627,7 @@ def run_cli_probes(tmp: Path, heavy: bool):
                                                      "--sweep-batch", "64", "--json"], True, finite_json))
     outcomes = []
     for name, argv, ok, figures in probes:
-        proc = run(CLI + argv, timeout=900 if "300,000" in name else 180)
+        proc = run_forked(cli_entry, argv, timeout=900 if "300,000" in name else 180)
         outcome = classify(proc, ok, figures)
         if outcome == "works" and "--save-result" in argv:
             outcome = saved_result_outcome(argv)
@@ -664,6 +730,10 @@ def main() -> int:
     parser.add_argument("--heavy", action="store_true", help="add the 300,000-request ITL probe")
     parser.add_argument("--details", action="store_true", help="print every probe that is not a clear error")
     args = parser.parse_args()
+    os.chdir(ROOT)
+    # imported once here, so every forked probe starts warm
+    import servingplan.cli  # noqa: F401
+    import servingplan.config  # noqa: F401
     with tempfile.TemporaryDirectory() as tmp:
         outcomes = (run_config_probes(Path(tmp)) + run_cli_probes(Path(tmp), args.heavy) + run_engine_probes()
                     + run_title_probes())
