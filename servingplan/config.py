@@ -90,6 +90,10 @@ def _check_length(key: str, spec: dict) -> None:
     for name in needed:
         if name not in spec:
             raise ConfigError(f"config error: {key}.{name} is missing (required for dist {dist})")
+    unused = sorted(set(spec) - {"dist"} - set(needed))
+    if unused:
+        raise ConfigError(f"config error: {key}.{unused[0]} = {spec[unused[0]]!r}: not read with dist {dist} (which "
+                          f"reads {', '.join(needed)}); remove it or change the dist")
     if dist != "constant" and spec["min"] > spec["max"]:
         raise ConfigError(f"config error: {key}.min = {spec['min']}: must be <= {key}.max ({spec['max']})")
     if dist == "lognormal" and not spec["min"] < spec["mean"] < spec["max"]:

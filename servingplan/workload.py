@@ -52,7 +52,9 @@ class Trace:
     def mean_rate_rps(self) -> float | None:
         """Requests per second over the span of the arrivals (None when they all arrive at once, within
         MIN_TRACE_SPAN_S)."""
-        return len(self) / self.duration_s if self.duration_s >= MIN_TRACE_SPAN_S else None
+        # the span between first and last arrival decides: a burst logged at t = 3.5 s is still a burst
+        span = float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) else 0.0
+        return len(self) / self.duration_s if min(span, self.duration_s) >= MIN_TRACE_SPAN_S else None
 
     def with_rate(self, rate: float) -> "Trace":
         """The same requests with arrival gaps rescaled to another mean rate. A burst (every arrival

@@ -674,3 +674,16 @@ def test_every_free_text_input_reaches_markdown_only_through_markdown_text(tmp_p
         text = evil
     assert evil in text
     assert not STRUCTURE.search(rendered_markdown(text))
+
+
+def test_a_burst_logged_after_time_zero_is_still_a_burst(tmp_path, capsys):
+    """--workload keeps a CSV's own times: 20 rows at t = 3.5 s were rescaled as if they spanned 3.5 s."""
+    path = trace_file(tmp_path, "".join(f"3.5,{10 + i},5\n" for i in range(20)))
+    assert "all arrivals at one time" in cli_error(capsys, "--workload", path, "--request-rate", "5")
+
+
+def test_a_length_key_its_dist_does_not_read_is_refused():
+    config = copy.deepcopy(QUICK)
+    config["workload"]["prompt"]["value"] = 10**12
+    assert refusal(config).startswith("config error: workload.prompt.value = 1000000000000: not read with dist "
+                                      "uniform")
