@@ -1,5 +1,8 @@
-"""Issue 12's probes, rerun as a user meets them: every bad config, CLI call, cost model, trace file,
-engine request mix and report title runs in its own process, and each outcome is counted as
+"""Issues 12 and 19's probes, rerun as a user meets them: every bad config (every key the config
+schema lists, optional ones included, and a misspelling of each section's keys), CLI call (every flag),
+cost model, trace file (CSV and JSONL, every layout), output path, special file (FIFO, /dev/zero),
+engine request mix and free text reaching the report runs in its own process, and each outcome is
+counted as
 
     clear error   non-zero exit, one line on stderr, no traceback
     traceback     a Python traceback (or a multi-line / empty error)
@@ -17,6 +20,7 @@ import copy
 import json
 import math
 import re
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +30,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 CLI = [sys.executable, str(ROOT / "scripts" / "serving_sim.py")]
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
 INJECTION = "ok\n\n# Fake section\n[x](javascript:alert(3))"
@@ -52,6 +57,69 @@ def run(argv, timeout: float):
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return None
+
+
+class Finished:
+    """What a probe process left: its exit code and its stdout and stderr text."""
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def run_forked(entry, argv, timeout: float):
+    """`entry(argv)` (an entry point's main) in a child forked from this process, which has imported
+    the package once: the probe still runs in its own process, with its own exit code and output, and
+    one still running after `timeout` is a hang (killed), without paying Python's start-up per probe."""
+    import io
+    import multiprocessing
+    import traceback
+    from contextlib import redirect_stderr, redirect_stdout
+
+    def child(connection):
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = entry(argv)
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+        connection.send((code or 0, out.getvalue(), err.getvalue()))
+        connection.close()
+
+    receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
+    process = multiprocessing.get_context("fork").Process(target=child, args=(sender,))
+    process.start()
+    sender.close()
+    if not receiver.poll(timeout):
+        process.kill()
+        process.join()
+        return None
+    try:
+        code, out, err = receiver.recv()
+    except EOFError:
+        code, out, err = process.exitcode, "", "Traceback: the probe process died"
+    process.join()
+    return Finished(code, out, err)
+
+
+def config_entry(argv):
+    """What `python -m servingplan.config PATH` runs."""
+    from servingplan import config as config_module
+    try:
+        config = config_module.read(argv[0])
+    except config_module.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2)
+    config_module.check_or_exit(config)
+    print("config ok")
+    return 0
+
+
+def cli_entry(argv):
+    """What `python scripts/serving_sim.py ARGS` runs."""
+    from servingplan.cli import main as cli_main
+    return cli_main(argv)
 
 
 def finite_json(out: str) -> bool:
@@ -139,12 +207,160 @@ def config_probes():
     return probes
 
 
+def schema_nodes(node=None, path=()):
+    """(path, sub-schema) of every key the config schema lists, optional ones included."""
+    node = SCHEMA if node is None else node
+    while "$ref" in node:
+        node = SCHEMA["definitions"][node["$ref"].split("/")[-1]]
+    yield path, node
+    for key, child in node.get("properties", {}).items():
+        yield from schema_nodes(child, path + (key,))
+    if isinstance(node.get("items"), dict):
+        yield from schema_nodes(node["items"], path + (0,))
+
+
+def set_path(config, path, value):
+    node = config
+    for key, following in zip(path[:-1], path[1:]):
+        if isinstance(node, list):
+            while len(node) <= key:
+                node.append({})
+            node = node[key]
+            continue
+        if not isinstance(node.get(key), (dict, list)):
+            node[key] = [] if isinstance(following, int) else {}
+        node = node[key]
+    if isinstance(node, list):
+        while len(node) <= path[-1]:
+            node.append({})
+    node[path[-1]] = value
+    return config
+
+
+def trace_base(tmp: Path) -> dict:
+    """config.yaml replaying a valid trace file, the base of every workload.trace probe."""
+    path = tmp / "base_trace.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{i / 6:.4f},{20 + i},{8 + i % 5}\n"
+                                                                       for i in range(60)))
+    config = copy.deepcopy(BASE)
+    config["workload"]["trace"] = {"path": str(path)}
+    return config
+
+
+def special_files(tmp: Path) -> dict:
+    fifo, zero = tmp / "fifo.csv", tmp / "zero.csv"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+        zero.symlink_to("/dev/zero")
+    return {"FIFO": fifo, "link to /dev/zero": zero, "directory": tmp}
+
+
+def issue19_trace_texts():
+    """(name, file name, content, trace keys): trace files of issue 19, every one to be refused."""
+    header = "arrival_s,prompt_tokens,output_tokens\n"
+    return [
+        ("span of 1e300 s", "span.csv", header + "0,10,5\n1e300,10,5\n", {}),
+        ("one timestamp for every row", "burst.csv", header + "".join(f"3.5,{10 + i},5\n" for i in range(20)), {}),
+        ("arrivals at 0 and 1e-320", "subnormal.csv", header + "0,10,5\n1e-320,12,6\n", {}),
+        ("duplicated header", "dup.csv", "arrival_s,prompt_tokens,output_tokens,prompt_tokens\n0,100,5,7\n1,120,6,7\n", {}),
+        ("BOM before the header", "bom.csv", "\ufeff" + header + "0,10,5\n1,12,6\n", {}),
+        ("field over 128 KiB", "field.csv", header + "0,10,5\n1," + "9" * 200_000 + ",5\n", {}),
+        ("deeply nested JSONL", "deep.jsonl", "[" * 50_000 + "]" * 50_000 + "\n", {}),
+        ("JSONL key twice", "dupkey.jsonl", '{"arrival_s": 0, "prompt_tokens": 9, "output_tokens": 5, "prompt_tokens": 7}\n', {}),
+        ("JSONL NaN", "nan.jsonl", '{"arrival_s": NaN, "prompt_tokens": 9, "output_tokens": 5}\n', {}),
+        ("not UTF-8", "latin1.csv", None, {}),
+        ("columns: two fields one column", "cols.csv", header + "0,10,5\n1,12,6\n",
+         {"columns": {"prompt_tokens": "output_tokens"}}),
+        ("columns: all three one column", "cols3.csv", header + "0,10,5\n1,12,6\n",
+         {"columns": {"arrival": "prompt_tokens", "prompt_tokens": "prompt_tokens", "output_tokens": "prompt_tokens"}}),
+        ("azure layout on a seconds file", "azure.csv", header + "0,10,5\n1,12,6\n", {"layout": "azure"}),
+        ("datetime timestamps of seconds", "dt.csv", header + "0,10,5\n1,12,6\n", {"timestamps": "datetime"}),
+    ]
+
+
+def write_trace_text(tmp: Path, name: str, text) -> Path:
+    path = tmp / f"i19_{name}"
+    if text is None:
+        path.write_bytes(b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,12,\xe96\n")
+    else:
+        path.write_text(text)
+    return path
+
+
+def config_probes_19(tmp: Path):
+    """Every key the schema lists that config.yaml leaves out (workload.trace, costmodel, hardware, ...)
+    with bad values; a misspelling of every section's first key; issue 19's trace and cost-model files."""
+    base = trace_base(tmp)
+    present = {path for path, _ in leaves(BASE)}
+    probes = [("trace config (valid)", base, True)]
+    for path, node in schema_nodes():
+        if not path or path in present or path[-1] == 0:
+            continue
+        name = ".".join(map(str, path))
+        start = base if path[:2] == ("workload", "trace") else BASE
+        kind = node.get("type")
+        if kind in ("number", "integer"):
+            bad = [math.nan, -1, "abc", None] + ([2.5, 10**12] if kind == "integer" else [math.inf])
+        elif kind == "string":
+            bad = [None, 3, "", "x" * 5000]
+        elif "enum" in node:
+            bad = ["no_such", None, 3]
+        elif kind == "object":
+            bad = ["text", [], {"no_such_key": 1}]
+        elif kind == "array":
+            bad = ["text", [None], [{}]]
+        else:
+            bad = [None, "text"]
+        probes += [(f"{name} = {v!r:.40}", set_path(copy.deepcopy(start), path, v), False) for v in bad]
+    for path, node in schema_nodes():
+        if node.get("type") == "object" and node.get("properties") and 0 not in path:
+            first = sorted(node["properties"])[0]
+            start = base if path[:2] == ("workload", "trace") else BASE
+            config = copy.deepcopy(start)
+            target = config
+            for key in path:
+                target = target.setdefault(key, {})
+            target[first[:-1] or first + "x"] = 1
+            probes.append((f"misspelled key {'.'.join(path + (first[:-1] or first + 'x',))}", config, False))
+    for label, special in special_files(tmp).items():
+        probes.append((f"workload.trace.path is a {label}", set_path(copy.deepcopy(base), ("workload", "trace", "path"),
+                                                                     str(special)), False))
+        probes.append((f"costmodel.source is a {label}", {**copy.deepcopy(BASE), "costmodel": {"source": str(special)},
+                                                          "hardware": []}, False))
+    for name, file_name, text, keys in issue19_trace_texts():
+        path = write_trace_text(tmp, file_name, text)
+        config = copy.deepcopy(base)
+        config["workload"]["trace"] = {"path": str(path), **keys}
+        probes.append((f"trace: {name}", config, False))
+    for i, (name, text, ok) in enumerate(cost_documents_19()):
+        path = tmp / f"config_cost_{i}.json"
+        path.write_text(text)
+        probes.append((f"costmodel.source: {name}", {**copy.deepcopy(BASE), "costmodel": {"source": str(path)},
+                                                     "hardware": []}, ok))
+    return probes
+
+
+def config_file_probes(tmp: Path):
+    """Config files that are no plain YAML mapping: special files, anchors expanding to billions."""
+    laughs = tmp / "laughs.yaml"
+    laughs.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)))
+    deep = tmp / "deep.yaml"
+    deep.write_text("a: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    files = {"YAML anchors expanding to 10^9 values": laughs, "YAML nested 20,000 deep": deep}
+    files.update({f"a {label}": path for label, path in special_files(tmp).items()})
+    return files
+
+
 def run_config_probes(tmp: Path):
     outcomes = []
-    for i, (name, config, expect_ok) in enumerate(config_probes()):
+    for name, path in config_file_probes(tmp).items():
+        proc = run_forked(config_entry, [str(path)], timeout=60)
+        outcomes.append(("config", f"config file: {name}", classify(proc, False), proc.stderr.strip() if proc else ""))
+    for i, (name, config, expect_ok) in enumerate(config_probes() + config_probes_19(tmp)):
         path = tmp / f"config_{i}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        proc = run([sys.executable, "-m", "servingplan.config", str(path)], timeout=60)
+        proc = run_forked(config_entry, [str(path)], timeout=60)
         outcomes.append(("config", name, classify(proc, expect_ok), proc.stderr.strip() if proc else ""))
     return outcomes
 
@@ -180,6 +396,48 @@ def cost_documents():
         ("a JSON string", '"model"', False),
         ("not JSON", "decode: fast", False),
     ]
+
+
+def cost_documents_19():
+    good = {"schema_version": 1, "name": "probe",
+            "decode": {"fixed_s": 0.005, "per_seq_s": 0.0, "per_ctx_token_s": 4.3e-8},
+            "prefill": {"fixed_s": 0.0, "per_token_s": 4.7e-5}}
+
+    def with_(path, value):
+        doc = copy.deepcopy(good)
+        return json.dumps(set_path(doc, path, value))
+    table = {"batches": [1, 8], "fixed_s": [0.004, 0.006]}
+    probes = [
+        ("valid with a batch table and a speed band", with_(("meta",), {"speed_band": {"decode": [0.9, 1.2],
+                                                                                       "prefill": [0.95, 1.1]}}), True),
+        ("valid with every optional key", json.dumps({**good, "source": "probe", "decode": {
+            **good["decode"], "ctx_mode": "padded_max", "batch_fixed_s": table}, "prefill": {
+            **good["prefill"], "per_token_sq_s": 1e-9, "per_token_ctx_s": 1e-9}}), True),
+        ("schema_version true", with_(("schema_version",), True), False),
+        ("schema_version 1.0", with_(("schema_version",), 1.0), False),
+        ("reversed speed_band", with_(("meta",), {"speed_band": {"decode": [1.3, 0.9]}}), False),
+        ("speed_band of zeros", with_(("meta",), {"speed_band": {"decode": [0, 0]}}), False),
+        ("deeply nested", "[" * 100_000 + "]" * 100_000, False),
+        ("a key twice", '{"schema_version": 1, "schema_version": 1}', False),
+        ("NaN literal", json.dumps(good).replace("0.005", "NaN"), False),
+        ("name of 10,000 characters", with_(("name",), "x" * 10_000), False),
+        ("name a number", with_(("name",), 3), False),
+        ("source a list", with_(("source",), ["x"]), False),
+        ("meta a list", with_(("meta",), []), False),
+        ("batch table item 1.5", with_(("decode", "batch_fixed_s"), {"batches": [1.5], "fixed_s": [0.01]}), False),
+        ("batch table duplicate batches", with_(("decode", "batch_fixed_s"), {"batches": [2, 2], "fixed_s": [0.1, 0.2]}), False),
+        ("batch table without fixed_s", with_(("decode", "batch_fixed_s"), {"batches": [2]}), False),
+        ("batch table with an extra key", with_(("decode", "batch_fixed_s"), {**table, "slope": 1}), False),
+    ]
+    for section, keys in (("", ["schema_version", "name", "source", "decode", "prefill", "meta"]),
+                          ("decode", ["fixed_s", "per_seq_s", "per_ctx_token_s", "ctx_mode", "batch_fixed_s"]),
+                          ("prefill", ["fixed_s", "per_token_s", "per_token_sq_s", "per_token_ctx_s"])):
+        for key in keys:
+            wrong = key[:-1]
+            doc = copy.deepcopy(good)
+            (doc[section] if section else doc)[wrong] = 0.001
+            probes.append((f"misspelled key {section + '.' if section else ''}{wrong}", json.dumps(doc), False))
+    return probes
 
 
 def trace_files():
@@ -237,6 +495,114 @@ def cli_probes(tmp: Path):
         path = tmp / f"trace_{i}.csv"
         path.write_text(text)
         probes.append((f"trace: {name}", ["--workload", str(path), "--json"], ok, finite_json))
+    return probes + cli_probes_19(tmp)
+
+
+def cli_probes_19(tmp: Path):
+    """The flags, file formats and output paths added since issue 12."""
+    good = tmp / "good19.csv"
+    good.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{i * 0.05},{100 + i},{20 + i % 7}\n"
+                                                                       for i in range(60)))
+    jsonl = tmp / "good19.jsonl"
+    jsonl.write_text("".join(json.dumps({"Timestamp": i * 0.1, "Request tokens": 50 + i, "Response tokens": 9})
+                             + "\n" for i in range(40)))
+    azure = tmp / "azure19.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{10 + i // 10:02d}.{i % 10}000000,{30 + i},{5 + i % 3}\n" for i in range(40)))
+    small = ["--num-requests", "60", "--json"]
+    probes = [("--trace servingplan CSV", ["--trace", str(good), *small], True, finite_json),
+              ("--trace burstgpt JSONL", ["--trace", str(jsonl), "--trace-layout", "burstgpt", "--json"], True,
+               finite_json),
+              ("--trace azure CSV at --request-rate 5", ["--trace", str(azure), "--trace-layout", "azure",
+                                                         "--request-rate", "5", "--json"], True, finite_json),
+              ("--trace-columns renaming", ["--trace", str(jsonl), "--trace-columns",
+                                            "arrival=Timestamp,prompt_tokens=Request tokens,output_tokens=Response tokens",
+                                            "--json"], True, finite_json),
+              ("--goodput and --metric-percentiles", ["--goodput", "ttft:2000", "tpot:12", "e2el:30000",
+                                                      "--metric-percentiles", "50,90,99", *SMALL], True, finite_json),
+              ("--max-num-batched-tokens", ["--max-num-batched-tokens", "512", "--sweep-batch", "8,64", *SMALL], True,
+               finite_json),
+              ("--seed 7", ["--seed", "7", "--num-requests", "50", "--json"], True, finite_json),
+              ("--num-prompts 30 --num-requests 30 agree", ["--num-prompts", "30", "--num-requests", "30", "--seeds",
+                                                            "1", "--json"], True, finite_json)]
+    bad_values = {
+        "--trace-layout": ["sharegpt", ""], "--trace-timestamps": ["epoch", ""],
+        "--trace-columns": ["arrival", "x=y", "arrival=", "prompt_tokens=arrival_s", "arrival=nope"],
+        "--max-num-batched-tokens": ["0", "-1", "1e12", "4"], "--seed": ["-1", "4294967296", "x"],
+        "--goodput": ["ttft", "x:5", "ttft:0", "ttft:nan", "tpot:-1"],
+        "--metric-percentiles": ["101", "nan", "", "1,,2"], "--request-rate": ["0", "nan", "inf"],
+        "--num-prompts": ["0", "1e12", "nan"],
+    }
+    for option, values in bad_values.items():
+        extra = ["--trace", str(good)] if option.startswith("--trace-") else []
+        probes += [(f"{option} {v!r}", [option, v, *extra, *SMALL], False, finite_json) for v in values]
+    probes += [
+        ("--num-prompts 10 --num-requests 20", ["--num-prompts", "10", "--num-requests", "20", "--json"], False,
+         finite_json),
+        ("--rate 5 --request-rate 6", ["--rate", "5", "--request-rate", "6", *SMALL], False, finite_json),
+        ("--seed with --seeds", ["--seed", "1", "--seeds", "2", "--json"], False, finite_json),
+        ("--chunk-size with --max-num-batched-tokens", ["--chunk-size", "64", "--max-num-batched-tokens", "512",
+                                                        *SMALL], False, finite_json),
+        ("--goodput ttft with --slo-ttft-ms", ["--goodput", "ttft:100", "--slo-ttft-ms", "100", *SMALL], False,
+         finite_json),
+        ("--save-detailed without --save-result", ["--save-detailed", *SMALL], False, finite_json),
+        ("--trace with --workload capstone", ["--trace", str(good), "--workload", "capstone", "--json"], False,
+         finite_json),
+        ("--trace with --seeds", ["--trace", str(good), "--seeds", "2", "--json"], False, finite_json),
+        ("--trace missing", ["--trace", str(tmp / "none.csv"), "--json"], False, finite_json),
+    ]
+    for label, special in special_files(tmp).items():
+        probes += [(f"--trace is a {label}", ["--trace", str(special), "--json"], False, finite_json),
+                   (f"--workload is a {label}", ["--workload", str(special), "--json"], False, finite_json),
+                   (f"--cost-model is a {label}", ["--cost-model", str(special), "--print-curve"], False, finite_curve)]
+    for name, file_name, text, keys in issue19_trace_texts():
+        path = write_trace_text(tmp, file_name, text)
+        argv = ["--trace", str(path), "--request-rate", "5", "--json"]
+        for key, value in keys.items():
+            if key == "columns":
+                argv += ["--trace-columns", ",".join(f"{k}={v}" for k, v in value.items())]
+            else:
+                argv += [f"--trace-{key}", str(value)]
+        probes.append((f"--trace: {name}", argv, False, finite_json))
+        if file_name.endswith(".csv") and not keys:
+            probes.append((f"--workload: {name}", ["--workload", str(path), "--request-rate", "5", "--json"], False,
+                           finite_json))
+    for i, (name, text, ok) in enumerate(cost_documents_19()):
+        path = tmp / f"cost19_{i}.json"
+        path.write_text(text)
+        probes.append((f"cost model: {name}", ["--cost-model", str(path), *SMALL], ok, finite_json))
+    # output paths: each must be refused before any simulation, and never written through
+    out = tmp / "out19"
+    out.mkdir(exist_ok=True)
+    blocker = tmp / "blocker19"
+    blocker.write_text("x")
+    link = out / "link.json"
+    if not link.is_symlink():
+        link.symlink_to(good)
+    save = ["--save-result", *SMALL]
+    probes += [
+        ("--save-result into a folder", [*save, "--result-dir", str(out), "--result-filename", "r.json"], True,
+         finite_json),
+        ("--result-dir missing", [*save, "--result-dir", str(tmp / "missing19")], False, finite_json),
+        ("--result-dir under a file", [*save, "--result-dir", str(blocker / "sub")], False, finite_json),
+        ("--result-dir is a file", [*save, "--result-dir", str(blocker)], False, finite_json),
+        ("--result-filename of 300 characters", [*save, "--result-dir", str(out), "--result-filename", "x" * 300],
+         False, finite_json),
+        ("--result-filename ../../x.json", [*save, "--result-dir", str(out), "--result-filename", "../../x.json"],
+         False, finite_json),
+        ("--result-filename a/b.json", [*save, "--result-dir", str(out), "--result-filename", "a/b.json"], False,
+         finite_json),
+        ("--result-filename empty", [*save, "--result-dir", str(out), "--result-filename", ""], False, finite_json),
+        ("--result-filename ..", [*save, "--result-dir", str(out), "--result-filename", ".."], False, finite_json),
+        ("--result-filename a symlink", [*save, "--result-dir", str(out), "--result-filename", "link.json"], False,
+         finite_json),
+        ("--result-filename a directory", [*save, "--result-dir", str(tmp), "--result-filename", "out19"], False,
+         finite_json),
+        ("--result-filename a FIFO", [*save, "--result-dir", str(tmp), "--result-filename", "fifo.csv"], False,
+         finite_json),
+        ("--result-filename /dev/null", [*save, "--result-dir", "/dev", "--result-filename", "null"], False,
+         finite_json),
+    ]
     return probes
 
 
@@ -283,6 +649,21 @@ def load_shape_probes(tmp: Path):
     return probes
 
 
+def run_pipe_probe():
+    """--print-curve into a pipe whose reader has gone (`| head -1`): quiet, SIGPIPE's exit code."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(CLI + ["--print-curve"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return [("cli", "--print-curve into a closed pipe", "hang", "")]
+    finally:
+        os.close(write_end)
+    outcome = "works" if proc.stderr == "" and proc.returncode in (0, 141) else "traceback"
+    return [("cli", "--print-curve into a closed pipe", outcome, proc.stderr[-300:])]
+
+
 def run_cli_probes(tmp: Path, heavy: bool):
     probes = cli_probes(tmp)
     if heavy:
@@ -290,9 +671,24 @@ def run_cli_probes(tmp: Path, heavy: bool):
                                                      "--sweep-batch", "64", "--json"], True, finite_json))
     outcomes = []
     for name, argv, ok, figures in probes:
-        proc = run(CLI + argv, timeout=900 if "300,000" in name else 180)
-        outcomes.append(("cli", name, classify(proc, ok, figures), proc.stderr.strip()[-300:] if proc else ""))
-    return outcomes
+        proc = run_forked(cli_entry, argv, timeout=900 if "300,000" in name else 180)
+        outcome = classify(proc, ok, figures)
+        if outcome == "works" and "--save-result" in argv:
+            outcome = saved_result_outcome(argv)
+        outcomes.append(("cli", name, outcome, proc.stderr.strip()[-300:] if proc else ""))
+    return outcomes + run_pipe_probe()
+
+
+def saved_result_outcome(argv) -> str:
+    """A saved result must be a regular file holding valid JSON (no NaN or Infinity)."""
+    path = Path(argv[argv.index("--result-dir") + 1]) / argv[argv.index("--result-filename") + 1]
+    def refuse(name):
+        raise ValueError(name)
+    try:
+        return "works" if path.is_file() and not path.is_symlink() and json.loads(
+            path.read_text(), parse_constant=refuse) else "silent"
+    except ValueError:
+        return "silent"
 
 
 # -- the engine and the report ---------------------------------------------------------------------------
@@ -351,14 +747,26 @@ def run_engine_probes():
 MARKDOWN_STRUCTURE = re.compile(r"(?<!\\)\[[^\]]*(?<!\\)\]\(|^#|\n")
 
 
+INJECTIONS = ["[x](javascript:alert(3))", "![](http://example.com/x.png)", "# heading", "a *b* _c_ `d`",
+              "<script>alert(1)</script>", "ok | table | cell", "- item", "1. item", "> quote", "http://evil.example",
+              "&#106;avascript"]
+# what markdown_text's output must not start or contain unescaped (after the template's autoescaping)
+LEADING_BLOCK = re.compile(r"^([-+=>]|\d+[.)])")
+UNESCAPED = re.compile(r"(?<!\\)[*_`|~!#]|(?<!\\)://")
+
+
 def run_title_probes():
-    """Titles the schema lets through must render as text in report.md: no heading, link or image."""
+    """Free text reaching report.md (the title, hardware fields, trace file names and column headers,
+    cost-model names and sources all go through markdown_text) must render as text: no heading, list,
+    quote, link, image, emphasis, code or table cell break."""
     sys.path.insert(0, str(ROOT))
     from servingplan.report.text import markdown_text
-    titles = ["[x](javascript:alert(3))", "![](http://example.com/x.png)", "# heading", "a *b* _c_ `d`",
-              "<script>alert(1)</script>", "ok | table | cell"]
-    return [("report title", title, "silent" if MARKDOWN_STRUCTURE.search(markdown_text(title)) else "works", "")
-            for title in titles]
+    outcomes = []
+    for text in INJECTIONS:
+        escaped = markdown_text(text)
+        bad = MARKDOWN_STRUCTURE.search(escaped) or LEADING_BLOCK.match(escaped) or UNESCAPED.search(escaped)
+        outcomes.append(("report text", text, "silent" if bad else "works", escaped))
+    return outcomes
 
 
 def main() -> int:
@@ -366,6 +774,10 @@ def main() -> int:
     parser.add_argument("--heavy", action="store_true", help="add the 300,000-request ITL probe")
     parser.add_argument("--details", action="store_true", help="print every probe that is not a clear error")
     args = parser.parse_args()
+    os.chdir(ROOT)
+    # imported once here, so every forked probe starts warm
+    import servingplan.cli  # noqa: F401
+    import servingplan.config  # noqa: F401
     with tempfile.TemporaryDirectory() as tmp:
         outcomes = (run_config_probes(Path(tmp)) + run_cli_probes(Path(tmp), args.heavy) + run_engine_probes()
                     + run_title_probes())

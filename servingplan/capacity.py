@@ -101,7 +101,7 @@ def search_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: fl
         lo = rate_min
     if guess is None and hi is None:
         if check(top):
-            return {"lower": rate_max, "upper": math.inf, "evaluations": evaluations, "censored": "above_max"}
+            return {"lower": rate_max, "upper": None, "evaluations": evaluations, "censored": "above_max"}
         hi = top
     if guess is not None:
         at = min(max(guess, lo if lo is not None else rate_min), top)
@@ -117,7 +117,7 @@ def search_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: fl
             hi = top
         elif check(at):
             if at == top:
-                return {"lower": rate_max, "upper": math.inf, "evaluations": evaluations, "censored": "above_max"}
+                return {"lower": rate_max, "upper": None, "evaluations": evaluations, "censored": "above_max"}
             lo = at
         else:
             hi = at

@@ -20,6 +20,7 @@ import pandas as pd
 
 from servingplan import costmodel, users, vllm_result, workload
 from servingplan.capacity import Criterion
+from servingplan.io import InputError, check_output_path, quiet_on_closed_pipe
 from servingplan.metrics import SLO, finite_or_none, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import POLICIES, simulate
@@ -198,13 +199,25 @@ def column_mapping(text: str) -> dict:
     return mapping
 
 
+class _Once(argparse._StoreAction):
+    """An option with aliases (--num-requests/--num-prompts) given twice with different values is a
+    contradiction, not a choice of the last."""
+    def __call__(self, parser, namespace, values, option_string=None):
+        previous = getattr(namespace, self.dest, None)
+        if getattr(namespace, f"_{self.dest}_given", False) and previous != values:
+            parser.error(f"argument {'/'.join(self.option_strings)}: given twice with different values "
+                         f"({previous!r} and {values!r}): give one")
+        setattr(namespace, f"_{self.dest}_given", True)
+        super().__call__(parser, namespace, values, option_string)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog=PROG, description="Simulate LLM serving policies on a workload and report "
                        "TTFT/TPOT/ITL percentiles, throughput and goodput (mean over seeds).")
     p.add_argument("--policies", type=list_of(policy_name), action="append",
                    help=f"policies, comma-separated or repeated; allowed: {', '.join(POLICIES)} "
                         "(default continuous_chunked)")
-    p.add_argument("--rate", "--request-rate", dest="rate", type=request_rate,
+    p.add_argument("--rate", "--request-rate", dest="rate", type=request_rate, action=_Once,
                    help="arrival rate, requests/s, or inf to send every request at t=0 (default: the workload's)")
     p.add_argument("--sweep-rate", type=list_of(request_rate), help="comma-separated arrival rates (inf allowed)")
     p.add_argument("--burstiness", type=burstiness_value,
@@ -244,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=lambda s: _number(s, int, "an integer seed", 0, inclusive=True, maximum=MAX_SEED),
                    help="run exactly this one seed (instead of --seeds)")
     p.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=bounded_int(MAX_NUM_REQUESTS),
+                   action=_Once,
                    help="requests per trace (default: the workload's)")
     p.add_argument("--slo-ttft-ms", type=bounded_float(MAX_LATENCY_MS), help="TTFT bound, ms")
     p.add_argument("--slo-ttft-pct", type=percentile_value, default=95.0, help="TTFT percentile (default 95)")
@@ -298,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_cost_model(spec: str) -> costmodel.CostModel:
     allowed = f"allowed: a preset ({', '.join(costmodel.PRESETS)}) or a cost-model JSON file"
-    if spec not in costmodel.PRESETS and not Path(spec).is_file():
+    if spec not in costmodel.PRESETS and not Path(spec).exists():
         raise UsageError(f"--cost-model {spec!r}: no such preset or file; {allowed}")
     try:
         return costmodel.load(spec)
@@ -331,7 +345,7 @@ def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
                              f"{len(rates)} = {held:,} requests: at most {MAX_TRACE_REQUESTS:,} allowed")
         return [(seed, rate, workload.generate({**spec, "rate": rate}, seed))
                 for rate in rates for seed in seeds]
-    if not Path(args.workload).is_file():
+    if not Path(args.workload).exists():
         raise UsageError(f"--workload {args.workload!r}: no such preset or file; allowed: a preset "
                          f"({', '.join(workload.PRESETS)}) or a trace CSV")
     if args.seeds is not None or args.seed is not None:
@@ -358,13 +372,17 @@ def _first(trace: workload.Trace, n: int | None) -> workload.Trace:
 def _at_rates(trace: workload.Trace, label: str, rates) -> list[tuple[int, float, workload.Trace]]:
     """A file's trace at its own pace (rate = requests / span) or rescaled to each of `rates`."""
     if not rates:
-        return [(0, len(trace) / trace.duration_s if trace.duration_s > 0 else math.inf, trace)]
-    if trace.duration_s <= 0:
-        raise UsageError(f"{label}: all arrivals at one time, so --rate cannot rescale it")
+        return [(0, trace.mean_rate_rps or math.inf, trace)]
+    if trace.mean_rate_rps is None:
+        raise UsageError(f"{label}: all arrivals at one time (within {workload.MIN_TRACE_SPAN_S:g} s), so --rate "
+                         "cannot rescale it")
     if len(trace) * len(rates) > MAX_TRACE_REQUESTS:
         raise UsageError(f"{label}: {len(trace):,} requests x {len(rates)} rates: at most "
                          f"{MAX_TRACE_REQUESTS:,} requests allowed")
-    return [(0, rate, trace.with_rate(rate)) for rate in rates]
+    try:
+        return [(0, rate, trace.with_rate(rate)) for rate in rates]
+    except ValueError as exc:
+        raise UsageError(f"{label}: {_reason(exc)}") from None
 
 
 def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
@@ -374,7 +392,7 @@ def _file_traces(args, rates) -> list[tuple[int, float, workload.Trace]]:
     if args.seeds is not None or args.seed is not None:
         raise UsageError(f"--seeds/--seed with --trace {args.trace!r}: a trace file is one fixed trace; "
                          "seeds draw the presets' synthetic traces only")
-    if not Path(args.trace).is_file():
+    if not Path(args.trace).exists():
         raise UsageError(f"--trace {args.trace!r}: no such file")
     try:
         loaded = workload.load_trace(args.trace, args.trace_layout, args.trace_columns, args.trace_timestamps,
@@ -631,13 +649,32 @@ def result_plan(args, cost, traces) -> tuple[str, int]:
     if "client_queue_time" in (args.percentile_metrics or []) and args.max_concurrency is None:
         raise UsageError("--percentile-metrics client_queue_time: a request waits for a slot only under "
                          "--max-concurrency")
-    if saving and (Path(args.result_dir).exists() and not Path(args.result_dir).is_dir()):
-        raise UsageError(f"--result-dir {args.result_dir!r}: must be a directory")
     runs = len(chosen_policies(args)) * len(chosen_caps(args)) * len(traces)
     if saving and args.result_filename and runs > 1 and not args.append_result:
         raise UsageError(f"--result-filename {args.result_filename!r}: {runs} runs (policies x caps x rates x seeds) "
                          "into one file need --append-result")
-    return args.result_date or datetime.now().strftime("%Y%m%d-%H%M%S"), runs
+    date = args.result_date or datetime.now().strftime("%Y%m%d-%H%M%S")
+    if saving:
+        # before any simulation: a path that cannot be written must not cost a run
+        for policy in chosen_policies(args):
+            for cap in chosen_caps(args):
+                for seed, rate, _ in traces:
+                    try:
+                        check_output_path(args.result_dir, result_name(args, cost, policy, cap, rate, seed, date),
+                                          "--result-filename" if args.result_filename else "result file")
+                    except InputError as exc:
+                        raise UsageError(f"--save-result: {exc}") from None
+    return date, runs
+
+
+def result_label(args, policy: str, cap: int, seed: int) -> str:
+    return f"{args.label or vllm_result.BACKEND}-{policy}-cap{cap}-seed{seed}"
+
+
+def result_name(args, cost, policy: str, cap: int, rate: float, seed: int, date: str) -> str:
+    """The file a run's result goes to: --result-filename, or vLLM's name for the run."""
+    return args.result_filename or vllm_result.result_filename(result_label(args, policy, cap, seed), rate,
+                                                               args.max_concurrency, cost.name, date)
 
 
 def outside_profile(cost: costmodel.CostModel, traces) -> str | None:
@@ -684,6 +721,7 @@ def _users(seed: dict) -> str:
     return held + ("+" if seed["censored"] == "above_max" else "")
 
 
+@quiet_on_closed_pipe
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -708,9 +746,8 @@ def main(argv=None) -> int:
     saved = []
 
     def keep_result(policy, cap, rate, seed, result, summary):
-        label = f"{args.label or vllm_result.BACKEND}-{policy}-cap{cap}-seed{seed}"
-        name = args.result_filename or vllm_result.result_filename(label, rate, args.max_concurrency, cost.name, date)
-        saved.append((Path(args.result_dir) / name, vllm_result.run_result(
+        label = result_label(args, policy, cap, seed)
+        saved.append((Path(args.result_dir) / result_name(args, cost, policy, cap, rate, seed, date), vllm_result.run_result(
             result, summary, rate=rate, burstiness=args.burstiness or DEFAULT_BURSTINESS,
             max_concurrency=args.max_concurrency, num_prompts=len(result.arrival_s), model_id=cost.name, label=label,
             date=date, metadata=dict(args.metadata or []),

@@ -24,6 +24,11 @@ PROFILE_SOURCE = "profile"
 # The machine id of the machine the pipeline runs on, beside the `hardware` targets' names: no target
 # may take it.
 HERE = "here"
+# A config is a few kilobytes and a few levels deep; YAML anchors can make a small file expand to
+# billions of nodes, and every check below walks the expanded document.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_NODES = 100_000
+MAX_CONFIG_DEPTH = 32
 
 
 class ConfigError(ValueError):
@@ -88,6 +93,10 @@ def _check_length(key: str, spec: dict) -> None:
     for name in needed:
         if name not in spec:
             raise ConfigError(f"config error: {key}.{name} is missing (required for dist {dist})")
+    unused = sorted(set(spec) - {"dist"} - set(needed))
+    if unused:
+        raise ConfigError(f"config error: {key}.{unused[0]} = {spec[unused[0]]!r}: not read with dist {dist} (which "
+                          f"reads {', '.join(needed)}); remove it or change the dist")
     if dist != "constant" and spec["min"] > spec["max"]:
         raise ConfigError(f"config error: {key}.min = {spec['min']}: must be <= {key}.max ({spec['max']})")
     if dist == "lognormal" and not spec["min"] < spec["mean"] < spec["max"]:
@@ -109,6 +118,22 @@ def _non_finite(value, path=()):
         if found:
             return found
     return None
+
+
+def _check_shape(config) -> None:
+    """Refuse a document that expands past MAX_CONFIG_NODES values or nests deeper than
+    MAX_CONFIG_DEPTH, before anything walks it (iteratively, so a deep one cannot overflow the stack)."""
+    stack, nodes = [(config, 0)], 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_CONFIG_NODES:
+            raise ConfigError(f"config error: (top level): more than {MAX_CONFIG_NODES:,} values (YAML anchors "
+                              "expanded); a config has a few hundred")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"config error: (top level): nested deeper than {MAX_CONFIG_DEPTH} levels")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children)
 
 
 def _gb(n_bytes: float) -> str:
@@ -171,6 +196,7 @@ def check(config: dict) -> list[str]:
     is allowed but probably not what was meant."""
     if not isinstance(config, dict):
         raise ConfigError(f"config error: (top level) = {config!r}: must be a mapping of sections")
+    _check_shape(config)
     found = _non_finite(config)
     if found:
         raise ConfigError(f"config error: {_key(found[0])} = {found[1]!r}: must be a finite number")
@@ -248,7 +274,7 @@ def _check_costmodel(section: dict | None) -> None:
     if section is None or section["source"] == PROFILE_SOURCE:
         return
     source = section["source"]
-    if not Path(source).is_file():
+    if not Path(source).exists():
         raise ConfigError(f"config error: costmodel.source = {source!r}: no such file (from {Path.cwd()}); must be "
                           f"{PROFILE_SOURCE!r} or the path of a cost-model JSON file, relative to that directory")
     from servingplan.costmodel import read_file
@@ -320,6 +346,10 @@ def _check_trace(config: dict) -> list[str]:
         raise ConfigError(f"config error: workload.trace.path = {trace['path']!r}: {len(loaded.trace)} requests "
                           f"after skipping {dropped}; needs at least 2")
     own_rate = loaded.trace.mean_rate_rps
+    if own_rate is None:
+        raise ConfigError(f"config error: workload.trace.path = {trace['path']!r}: all {len(loaded.trace)} requests "
+                          "arrive at one time (within 1 us); the pipeline replays a trace at workload.rate and the "
+                          "sweep's rates by rescaling its arrival gaps, and a burst has none")
     if own_rate is not None and not math.isclose(own_rate, workload["rate"], rel_tol=0.01):
         return [f"config warning: workload.trace.path = {trace['path']!r} arrives at {own_rate:.4g} req/s on "
                 f"average; the pipeline replays it at workload.rate ({workload['rate']:g} req/s) as today's load"]
@@ -327,11 +357,15 @@ def _check_trace(config: dict) -> list[str]:
 
 
 def read(path) -> dict:
-    path = Path(path)
+    from servingplan.io import read_text_input
     try:
-        return yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        return yaml.safe_load(read_text_input(path, "config", MAX_CONFIG_BYTES))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"config error: {' '.join(str(exc).split())}")
+    except yaml.YAMLError as exc:
         raise ConfigError(f"config error: {path}: cannot be read as YAML ({str(exc).splitlines()[0]})")
+    except RecursionError:
+        raise ConfigError(f"config error: {path}: nested deeper than YAML can be read")
 
 
 def load(path) -> dict:

@@ -17,7 +17,8 @@ held at its first value below the smallest batch, and continued with slope b bey
 line at small batches. The context term stays linear in either case, so a run of decode steps at a
 fixed batch still grows by c*B per step (the simulator's fast-forward relies on it).
 
-The JSON contract (written by the fit stage, read by the simulator):
+The JSON contract (written by the fit stage, read by the simulator), published as
+schemas/costmodel.schema.json; every key is listed there, so a misspelled one is refused:
 
     {"schema_version": 1, "name": str, "source": str,
      "decode":  {"fixed_s": a, "per_seq_s": b, "per_ctx_token_s": c, "ctx_mode": "sum"|"padded_max",
@@ -27,11 +28,17 @@ The JSON contract (written by the fit stage, read by the simulator):
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
+
+import jsonschema
+
+from servingplan.io import parse_json, read_text_input
 
 SCHEMA_VERSION = 1
 CTX_MODES = ("sum", "padded_max")
@@ -41,6 +48,9 @@ DECODE_KEYS = ("fixed_s", "per_seq_s", "per_ctx_token_s")
 PREFILL_KEYS = ("fixed_s", "per_token_s", "per_token_sq_s", "per_token_ctx_s")
 OPTIONAL_PREFILL_KEYS = ("per_token_sq_s", "per_token_ctx_s")
 MAX_TABLE_BATCH = 1 << 20
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "costmodel.schema.json"
+# a cost model is a few hundred bytes; a profile's meta with every fit detail stays far below this
+MAX_FILE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,41 @@ def _check_speed_band(band) -> None:
     if not ok:
         raise ValueError(f"cost model meta.speed_band = {band!r}: must be an object whose decode and prefill "
                          "are each [fastest, slowest], time factors > 0")
+    for kind in ("decode", "prefill"):
+        if kind in band and band[kind][0] > band[kind][1]:
+            raise ValueError(f"cost model meta.speed_band.{kind} = {band[kind]!r}: must be [fastest, slowest], the "
+                             "smaller time factor first")
+
+
+@lru_cache(maxsize=1)
+def _schema_validator():
+    # JSON Schema counts true as no integer but 1.0 as one; a schema_version or batch must be written as one
+    strict = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, instance: isinstance(instance, int) and not isinstance(instance, bool))
+    validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=strict)
+    return validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _unknown_key(error: jsonschema.ValidationError) -> str:
+    """A key the schema does not list, named with the nearest key it does (a misspelling, usually)."""
+    allowed = sorted(error.schema.get("properties", {}))
+    extra = sorted(set(error.instance) - set(allowed))[0]
+    where = "".join(f"{part}." for part in error.absolute_path)
+    # a key cut short (ctx_mod, per_token_sq) means the key it begins; otherwise the most similar one
+    nearest = [key for key in allowed if key.startswith(str(extra))][:1] or difflib.get_close_matches(
+        str(extra), allowed, n=1, cutoff=0.6)
+    hint = f"did you mean {where}{nearest[0]}? " if nearest else ""
+    return (f"cost model {where}{extra} is not a known key; {hint}allowed here: {', '.join(allowed)} "
+            "(see schemas/costmodel.schema.json)")
+
+
+def _schema_errors(d) -> list:
+    return sorted(_schema_validator().iter_errors(d), key=lambda e: list(map(str, e.absolute_path)))
 
 
 def validate(d) -> None:
@@ -202,7 +247,11 @@ def validate(d) -> None:
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(d), "a number")
         raise ValueError(f"cost model: the document is {kind}, must be a JSON object with schema_version, "
                          "decode and prefill")
-    if d.get("schema_version") != SCHEMA_VERSION:
+    errors = _schema_errors(d)
+    unknown = [error for error in errors if error.validator == "additionalProperties"]
+    if unknown:
+        raise ValueError(_unknown_key(unknown[0]))
+    if d.get("schema_version") != SCHEMA_VERSION or isinstance(d.get("schema_version"), bool):
         raise ValueError(f"cost model schema_version={d.get('schema_version')!r}: expected {SCHEMA_VERSION}")
     dec, pre = _section(d, "decode"), _section(d, "prefill")
     for name, section, keys in (("decode", dec, DECODE_KEYS), ("prefill", pre, PREFILL_KEYS)):
@@ -244,17 +293,18 @@ def validate(d) -> None:
     if sum(pre.get(key, 0.0) for key in ("fixed_s", "per_token_s", "per_token_sq_s")) <= 0:
         raise ValueError("cost model prefill: fixed_s + per_token_s + per_token_sq_s = 0: a prefill call "
                          "would take no time; one of them must be > 0")
+    if errors:
+        # what the checks above do not name (a name too long, a table too long) the schema does
+        error = jsonschema.exceptions.best_match(errors)
+        where = ".".join(map(str, error.absolute_path)) or "(document)"
+        raise ValueError(f"cost model {where} = {_short(error.instance)}: {' '.join(error.message.split())[:200]} "
+                         "(see schemas/costmodel.schema.json)")
 
 
 def read_file(path: str | Path) -> CostModel:
     """The cost model a JSON file holds (config `costmodel.source`); ValueError, one line naming the
     file and what is wrong with it, for a file that is missing, not JSON or not the contract above."""
-    try:
-        document = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"{str(path)!r}: cannot be read ({exc.strerror or exc})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{str(path)!r}: not a JSON document ({' '.join(str(exc).split())})") from None
+    document = parse_json(read_text_input(path, "cost model", MAX_FILE_BYTES), repr(str(path)))
     try:
         return CostModel.from_dict(document)
     except ValueError as exc:
@@ -265,10 +315,13 @@ def load(spec: str | Path) -> CostModel:
     """A preset name or the path of a cost-model JSON file."""
     if str(spec) in PRESETS:
         return PRESETS[str(spec)]
-    path = Path(spec)
-    if not path.is_file():
+    if not Path(spec).exists():
         raise ValueError(f"cost model {str(spec)!r}: not a preset ({', '.join(PRESETS)}) nor a JSON file")
-    return CostModel.from_dict(json.loads(path.read_text()))
+    try:
+        return read_file(spec)
+    except ValueError as exc:
+        # the caller names the file; say what is wrong with it once
+        raise ValueError(str(exc).removeprefix(f"{str(spec)!r}: ")) from None
 
 
 def decode_curve(model: CostModel, batches, context: int) -> list[dict]:

@@ -116,7 +116,9 @@ def capacity_rows(cell: dict):
                **{k: v for k, v in result.items() if k not in ("per_seed", "interval_rps", "speed_band")},
                "interval_lo_rps": interval[0], "interval_hi_rps": interval[1],
                "per_seed_lower": ";".join(f"{s['lower']:.6g}" for s in result["per_seed"]),
-               "per_seed_upper": ";".join(f"{s['upper']:.6g}" for s in result["per_seed"])}
+               # no upper bound (the search held at rate_max) is null in JSON and inf in this text column
+               "per_seed_upper": ";".join("inf" if s["upper"] is None else f"{s['upper']:.6g}"
+                                          for s in result["per_seed"])}
 
 
 def _targets_hold(run, rates, slo, verdict_only: bool = False) -> tuple[bool, dict]:

@@ -148,7 +148,7 @@ def run_result(result, summary: dict, *, rate: float, burstiness: float, max_con
 def save(path: Path, result: dict, append: bool) -> None:
     """Write `result` as the file's one JSON document, or with `append` add it to the file as vLLM's
     --append-result does (a newline, then the dict); either way atomically."""
-    text = json.dumps(result)
+    text = json.dumps(result, allow_nan=False)  # JSON has no NaN or Infinity: undefined figures are null
     if append and path.exists():
         previous = path.read_text()
         text = (previous + "\n" + text) if previous else text

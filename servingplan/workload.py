@@ -6,7 +6,7 @@ from a seeded numpy Generator, so the same spec and seed give the same trace on 
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -14,6 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from servingplan.io import parse_json, read_text_input
+
+# Arrivals closer together than this are one instant: no log resolves finer, and a gap below it
+# (1e-320 s) rescaled to a rate overflows. A trace spanning more than MAX_TRACE_SPAN_S (three years) is
+# no serving log; past it float times lose the resolution of a step and the simulation cannot advance.
+MIN_TRACE_SPAN_S = 1e-6
+MAX_TRACE_SPAN_S = 1e8
 
 DISTRIBUTIONS = ("uniform", "loguniform", "lognormal", "constant")
 
@@ -42,13 +50,25 @@ class Trace:
 
     @property
     def mean_rate_rps(self) -> float | None:
-        """Requests per second over the span of the arrivals (None when they all arrive at once)."""
-        return len(self) / self.duration_s if self.duration_s > 0 else None
+        """Requests per second over the span of the arrivals (None when they all arrive at once, within
+        MIN_TRACE_SPAN_S)."""
+        # the span between first and last arrival decides: a burst logged at t = 3.5 s is still a burst
+        span = float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) else 0.0
+        return len(self) / self.duration_s if min(span, self.duration_s) >= MIN_TRACE_SPAN_S else None
 
     def with_rate(self, rate: float) -> "Trace":
-        """The same requests with arrival gaps rescaled to another mean rate."""
-        current = self.mean_rate_rps or rate
-        return Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
+        """The same requests with arrival gaps rescaled to another mean rate. A burst (every arrival
+        within MIN_TRACE_SPAN_S) has no gaps to rescale, and a rescaled span past MAX_TRACE_SPAN_S
+        could not be simulated: both raise ValueError."""
+        current = self.mean_rate_rps
+        if current is None:
+            raise ValueError(f"all {len(self)} requests arrive within {MIN_TRACE_SPAN_S:g} s of each other, so "
+                             f"there are no gaps to rescale to rate {rate:g}")
+        scaled = Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
+        if not scaled.duration_s <= MAX_TRACE_SPAN_S:
+            raise ValueError(f"{len(self)} requests at rate {rate:g} span {scaled.duration_s:.3g} s: at most "
+                             f"{MAX_TRACE_SPAN_S:g} s allowed")
+        return scaled
 
 
 def _lognormal_mu(mean: float, sigma: float, lo: int, hi: int) -> float:
@@ -143,6 +163,9 @@ def generate(spec: dict, seed: int) -> Trace:
 
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+# a trace file's size (a million rows of a wide log), and one JSONL line's (a CSV field's bound is csv's)
+MAX_TRACE_BYTES = 256 << 20
+MAX_JSONL_LINE_CHARS = 1 << 17
 # bounds that keep a simulation of the trace finite in time and memory (vLLM's longest contexts are ~1M)
 MAX_TRACE_TOKENS = 1 << 20
 MAX_TRACE_ROWS = 1_000_000
@@ -162,41 +185,38 @@ def load_trace_csv(path) -> Trace:
     Every row is checked: a ragged row, a blank or non-numeric cell, a token count that is not an
     integer in [1, MAX_TRACE_TOKENS], or an arrival that is not a finite time >= 0 raises ValueError
     naming the file, the line, the column and the value."""
-    with open(Path(path), newline="") as handle:
-        rows = csv.reader(handle)
-        header = next(rows, None)
-        if header is None:
-            raise ValueError(f"trace {path}: empty file, needs a header with columns {', '.join(TRACE_COLUMNS)}")
-        header = [name.strip() for name in header]
-        missing = [c for c in TRACE_COLUMNS if c not in header]
-        if missing:
-            raise ValueError(f"trace {path}: missing columns {missing}")
-        where = {column: header.index(column) for column in TRACE_COLUMNS}
-        arrivals, prompts, outputs = [], [], []
-        for row in rows:
-            line = rows.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise ValueError(f"trace {path} line {line}: {len(row)} fields, the header has {len(header)}")
-            if len(arrivals) == MAX_TRACE_ROWS:
-                raise ValueError(f"trace {path}: more than {MAX_TRACE_ROWS:,} requests")
-            cell = row[where["arrival_s"]].strip()
-            try:
-                arrival = float(cell)
-            except ValueError:
-                arrival = math.nan
-            if not (math.isfinite(arrival) and arrival >= 0):
-                raise ValueError(f"trace {path} line {line}: arrival_s = {cell or '(blank)'}: must be a finite "
-                                 "time >= 0")
-            arrivals.append(arrival)
-            for column, out in (("prompt_tokens", prompts), ("output_tokens", outputs)):
-                cell = row[where[column]].strip()
-                tokens = _token_count(cell)
-                if tokens is None or not 1 <= tokens <= MAX_TRACE_TOKENS:
-                    raise ValueError(f"trace {path} line {line}: {column} = {cell or '(blank)'}: must be an integer in "
-                                     f"[1, {MAX_TRACE_TOKENS}]")
-                out.append(tokens)
+    rows = _csv_rows(path)
+    header = next(rows, None)
+    if header is None:
+        raise ValueError(f"trace {path}: empty file, needs a header with columns {', '.join(TRACE_COLUMNS)}")
+    header = _header(header, path)
+    missing = [c for c in TRACE_COLUMNS if c not in header]
+    if missing:
+        raise ValueError(f"trace {path}: missing columns {missing}")
+    where = {column: header.index(column) for column in TRACE_COLUMNS}
+    arrivals, prompts, outputs = [], [], []
+    for line, row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"trace {path} line {line}: {len(row)} fields, the header has {len(header)}")
+        if len(arrivals) == MAX_TRACE_ROWS:
+            raise ValueError(f"trace {path}: more than {MAX_TRACE_ROWS:,} requests")
+        cell = row[where["arrival_s"]].strip()
+        try:
+            arrival = float(cell)
+        except ValueError:
+            arrival = math.nan
+        if not (math.isfinite(arrival) and arrival >= 0):
+            raise ValueError(f"trace {path} line {line}: arrival_s = {cell or '(blank)'}: must be a finite "
+                             "time >= 0")
+        arrivals.append(arrival)
+        for column, out in (("prompt_tokens", prompts), ("output_tokens", outputs)):
+            cell = row[where[column]].strip()
+            tokens = _token_count(cell)
+            if tokens is None or not 1 <= tokens <= MAX_TRACE_TOKENS:
+                raise ValueError(f"trace {path} line {line}: {column} = {cell or '(blank)'}: must be an integer in "
+                                 f"[1, {MAX_TRACE_TOKENS}]")
+            out.append(tokens)
+    _check_span(np.asarray(arrivals, dtype=float), path)
     order = np.argsort(np.asarray(arrivals, dtype=float), kind="stable")
     return Trace(np.asarray(arrivals, dtype=float)[order], np.asarray(prompts, dtype=np.int64)[order],
                  np.asarray(outputs, dtype=np.int64)[order])
@@ -265,29 +285,68 @@ def _fit_context(prompts: np.ndarray, outputs: np.ndarray, max_context: int | No
 def _records(path: Path):
     """(line number, {column: text}) of every row of a CSV (with header) or JSONL file."""
     if path.suffix.lower() in JSONL_SUFFIXES:
-        with open(path) as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    raise ValueError(f"trace {path} line {line_number}: not a JSON object") from None
-                if not isinstance(record, dict):
-                    raise ValueError(f"trace {path} line {line_number}: not a JSON object")
-                yield line_number, {key: "" if value is None else str(value) for key, value in record.items()}
-        return
-    with open(path, newline="") as handle:
-        rows = csv.reader(handle)
-        header = [name.strip() for name in next(rows, [])]
-        if not header:
-            raise ValueError(f"trace {path}: empty file, needs a header row")
-        for row in rows:
-            if not row:
+        text = read_text_input(path, "trace", MAX_TRACE_BYTES)
+        for line_number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
                 continue
-            if len(row) != len(header):
-                raise ValueError(f"trace {path} line {rows.line_num}: {len(row)} fields, the header has {len(header)}")
-            yield rows.line_num, dict(zip(header, row))
+            if len(line) > MAX_JSONL_LINE_CHARS:
+                raise ValueError(f"trace {path} line {line_number}: {len(line):,} characters, at most "
+                                 f"{MAX_JSONL_LINE_CHARS:,} allowed")
+            record = parse_json(line, f"trace {path} line {line_number}")
+            if not isinstance(record, dict):
+                raise ValueError(f"trace {path} line {line_number}: not a JSON object")
+            yield line_number, {key: "" if value is None else str(value) for key, value in record.items()}
+        return
+    rows = _csv_rows(path)
+    first = next(rows, None)
+    if first is None:
+        raise ValueError(f"trace {path}: empty file, needs a header row")
+    header = _header(first, path)
+    for line_number, row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"trace {path} line {line_number}: {len(row)} fields, the header has {len(header)}")
+        yield line_number, dict(zip(header, row))
+
+
+def _csv_rows(path):
+    """The header (a list) and then (line number, row) of every non-blank row of a CSV trace, read
+    as a regular UTF-8 file of at most MAX_TRACE_BYTES; a field past csv's size limit raises
+    ValueError naming the line."""
+    reader = csv.reader(io.StringIO(read_text_input(path, "trace", MAX_TRACE_BYTES), newline=""))
+    first = True
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise ValueError(f"trace {path} line {reader.line_num}: {exc} (at most {csv.field_size_limit():,} "
+                             "characters per field)") from None
+        if first:
+            first = False
+            yield row
+        elif row:
+            yield reader.line_num, row
+
+
+def _header(row: list, path) -> list:
+    """A CSV header's column names, stripped; a byte-order mark or a name given twice (which would
+    silently read one of the two columns) raises ValueError."""
+    if row and row[0].startswith("\ufeff"):
+        raise ValueError(f"trace {path}: the file starts with a byte-order mark (BOM, U+FEFF) before the first "
+                         f"column name {row[0][1:].strip()!r}; save it as UTF-8 without BOM")
+    header = [name.strip() for name in row]
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise ValueError(f"trace {path}: the header names column {twice[0]!r} {header.count(twice[0])} times; "
+                         "each column name must appear once")
+    return header
+
+
+def _check_span(arrival_s: np.ndarray, path) -> None:
+    if len(arrival_s) and not arrival_s.max() - arrival_s.min() <= MAX_TRACE_SPAN_S:
+        raise ValueError(f"trace {path}: arrivals span {arrival_s.max() - arrival_s.min():.3g} s, at most "
+                         f"{MAX_TRACE_SPAN_S:g} s (about three years) allowed")
 
 
 def _timestamp(text: str, kind: str) -> float:
@@ -318,6 +377,12 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
     mapping = {**TRACE_LAYOUTS[layout], **(columns or {}), **({"timestamps": timestamps} if timestamps else {})}
     if mapping["timestamps"] not in TIMESTAMP_KINDS:
         raise ValueError(f"trace timestamps {mapping['timestamps']!r}: allowed {', '.join(TIMESTAMP_KINDS)}")
+    fields = ("arrival", "prompt_tokens", "output_tokens")
+    for i, field in enumerate(fields):
+        for other in fields[i + 1:]:
+            if mapping[field] == mapping[other]:
+                raise ValueError(f"trace columns: {field} and {other} both name column {mapping[field]!r}; each "
+                                 "field needs its own column")
     arrivals, prompts, outputs = [], [], []
     rows = skipped = 0
     for line, record in _records(path):
@@ -348,6 +413,7 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
         prompts.append(tokens["prompt_tokens"])
         outputs.append(tokens["output_tokens"])
     arrival_s = np.asarray(arrivals, dtype=float)
+    _check_span(arrival_s, path)
     order = np.argsort(arrival_s, kind="stable")
     arrival_s = arrival_s[order]
     prompt_tokens = np.asarray(prompts, dtype=np.int64)[order]
@@ -358,9 +424,10 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
     arrival_s = arrival_s - (arrival_s.min() if len(arrival_s) else 0.0)
     trace = Trace(arrival_s, prompt_tokens, output_tokens)
     if rate is not None:
-        if trace.duration_s <= 0:
-            raise ValueError(f"trace {path}: every request arrives at once, so it cannot be rescaled to rate {rate:g}")
-        trace = trace.with_rate(rate)
+        try:
+            trace = trace.with_rate(rate)
+        except ValueError as exc:
+            raise ValueError(f"trace {path}: {exc}") from None
     return LoadedTrace(trace, rows, skipped, layout, mapping, too_long, too_long_requests)
 
 

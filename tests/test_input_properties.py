@@ -8,6 +8,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import signal
 from pathlib import Path
 
@@ -55,6 +56,9 @@ def assert_figures(values) -> None:
     event("ran")
     for value in values:
         if isinstance(value, (bool, str)) or value is None:
+            continue
+        if isinstance(value, (list, dict)):  # --save-detailed's per-request lists
+            assert_figures(value.values() if isinstance(value, dict) else value)
             continue
         assert math.isfinite(value) and value >= 0, value
 
@@ -257,7 +261,40 @@ def cli_files(tmp_path_factory):
     negative = costmodel.EXERCISE2.to_dict()
     negative["decode"]["fixed_s"] = -0.005
     negative_cost.write_text(json.dumps(negative))
-    return {"trace": good_trace, "bad_trace": bad_trace, "cost": good_cost, "negative_cost": negative_cost}
+    files = {"trace": good_trace, "bad_trace": bad_trace, "cost": good_cost, "negative_cost": negative_cost}
+    jsonl = root / "trace.jsonl"
+    jsonl.write_text("".join(json.dumps({"arrival_s": i * 0.1, "prompt_tokens": 20 + i, "output_tokens": 5}) + "\n"
+                             for i in range(30)))
+    burst = root / "burst.csv"
+    burst.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"2.5,{10 + i},4\n" for i in range(10)))
+    bom = root / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + good_trace.read_bytes())
+    deep = root / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    typo = root / "typo.json"
+    typo_doc = costmodel.EXERCISE2.to_dict()
+    typo_doc["decode"]["ctx_mod"] = typo_doc["decode"].pop("ctx_mode")
+    typo.write_text(json.dumps(typo_doc))
+    fifo = root / "fifo"
+    os.mkfifo(fifo)
+    outdir = root / "out"
+    outdir.mkdir()
+    (outdir / "link.json").symlink_to(good_trace)
+    files.update(jsonl_trace=jsonl, burst_trace=burst, bom_trace=bom, deep_json=deep, typo_cost=typo)
+    # paths the CLI must refuse or write into; never hashed (reading a FIFO would block)
+    files["unhashed"] = {"fifo": fifo, "outdir": outdir, "missing_dir": root / "missing", "long_name": "x" * 300,
+                         "link_name": "link.json"}
+    return files
+
+
+def hashed(cli_files) -> list:
+    return [path for name, path in cli_files.items() if name != "unhashed"]
+
+
+def resolve(argument: str, cli_files) -> str:
+    if not argument.startswith("@"):
+        return argument
+    return str(cli_files.get(argument[1:]) or cli_files["unhashed"][argument[1:]])
 
 
 OPTION_VALUES = {
@@ -273,20 +310,48 @@ OPTION_VALUES = {
     "--slo-tpot-ms": ["12", "0", "inf"],
     "--slo-itl-ms": ["40", "0", "nan"],
     "--slo-ttft-pct": ["95", "101", "-1", "nan"],
+    "--slo-tpot-pct": ["90", "100", "101", "nan"],
+    "--slo-itl-pct": ["99", "0", "-1", "inf"],
     "--kv-blocks": ["1", "200", "0", "2000000000"],
     "--block-size": ["1", "16", "0", "1e9"],
     "--curve-context": ["1", "2000", "0", "2000000"],
     "--workload": ["exercise2", "capstone", "no_such.csv", "@trace", "@bad_trace"],
-    "--cost-model": ["exercise2", "@cost", "@negative_cost", "no_such.json"],
+    "--cost-model": ["exercise2", "@cost", "@negative_cost", "no_such.json", "@fifo", "@deep_json", "@typo_cost"],
+    "--request-rate": ["5", "0", "nan"],
+    "--num-prompts": ["10", "40", "0", "1e12"],
+    "--trace": ["@trace", "@bad_trace", "@jsonl_trace", "@burst_trace", "@bom_trace", "@fifo", "@outdir", "none.csv"],
+    "--trace-layout": ["servingplan", "azure", "burstgpt", "sharegpt"],
+    "--trace-columns": ["arrival=arrival_s", "prompt_tokens=arrival_s", "x=y", "arrival=", ""],
+    "--trace-timestamps": ["seconds", "datetime", "epoch"],
+    "--max-num-batched-tokens": ["512", "4", "0", "2000000"],
+    "--seed": ["0", "7", "-1", "4294967296"],
+    "--goodput": ["ttft:2000", "tpot:12", "e2el:30000", "ttft:0", "x:5", "tpot"],
+    "--metric-percentiles": ["99", "50,90,99", "101", "nan", ""],
+    "--result-dir": ["@outdir", "@missing_dir", "@trace"],
+    "--result-filename": ["r.json", "../x.json", "@long_name", "@link_name", ""],
+    "--save-result": [None],
+    "--save-detailed": [None],
+    "--print-curve": [None],
+    "--json": [None],
 }
+
+
+def test_every_cli_flag_is_fuzzed():
+    """A new flag gets values here, or this fails: the generative suite covers every way in."""
+    from servingplan.cli import build_parser
+    flags = {option for action in build_parser()._actions for option in action.option_strings} - {"-h", "--help"}
+    assert flags <= set(OPTION_VALUES), sorted(flags - set(OPTION_VALUES))
 
 
 @st.composite
 def cli_arguments(draw):
     options = draw(st.lists(st.sampled_from(sorted(OPTION_VALUES)), max_size=5, unique=True))
-    argv = [part for option in options for part in (option, draw(st.sampled_from(OPTION_VALUES[option])))]
-    if draw(st.integers(0, 5)) == 0:
-        argv.append("--print-curve")
+    argv = []
+    for option in options:
+        value = draw(st.sampled_from(OPTION_VALUES[option]))
+        argv += [option] if value is None else [option, value]
+    if "--save-result" in argv and "--result-dir" not in argv:
+        argv += ["--result-dir", "@outdir"]
     return argv
 
 
@@ -294,20 +359,21 @@ def cli_arguments(draw):
                                                                  HealthCheck.function_scoped_fixture])
 @given(cli_arguments())
 def test_cli_arguments_are_refused_in_one_line_or_give_finite_figures(capsys, cli_files, argv):
-    argv = [str(cli_files[a[1:]]) if a.startswith("@") else a for a in argv]
+    argv = [resolve(a, cli_files) for a in argv]
     # keep each run small: a few requests, one or two seeds
-    if "--num-requests" not in argv:
+    if "--num-requests" not in argv and "--num-prompts" not in argv:
         argv += ["--num-requests", "40"]
-    if "--seeds" not in argv:
+    if "--seeds" not in argv and "--seed" not in argv and "--trace" not in argv:
         argv += ["--seeds", "1"]
-    before = digest(cli_files.values())
+    before = digest(hashed(cli_files))
     with hang_guard():
         try:
             code = main(argv + ["--json"])
         except SystemExit as exit_:
             code = exit_.code
     out, err = capsys.readouterr()
-    assert digest(cli_files.values()) == before
+    assert digest(hashed(cli_files)) == before
+    assert (cli_files["unhashed"]["outdir"] / "link.json").is_symlink()
     if code != 0:
         assert code == 2 and out == ""
         assert_one_line(err)
@@ -406,3 +472,211 @@ def test_an_engine_serves_every_valid_request_and_refuses_the_rest(tiny_model, r
         else:
             assert run.errors[i] == problem and result.rejected[i] and not result.finished[i]
             assert len(run.prompts[i]) == 0 and len(run.tokens[i]) == 0
+
+
+# -- every key of the schemas, drawn from the schemas themselves ----------------------------------------
+# New keys are fuzzed as soon as a schema lists them: the paths and the values come from the schema.
+
+CONFIG_SCHEMA = yaml.safe_load((ROOT / "schemas" / "config.schema.yaml").read_text())
+COST_SCHEMA = json.loads((ROOT / "schemas" / "costmodel.schema.json").read_text())
+
+
+def resolved(schema: dict, node: dict) -> dict:
+    while "$ref" in node:
+        *_, section, name = node["$ref"].split("/")
+        node = schema[section][name]
+    return node
+
+
+def schema_paths(schema: dict, node=None, path=()):
+    """(path, sub-schema) of every property the schema lists, optional ones included; a list's items
+    are reached through index 0."""
+    node = resolved(schema, schema if node is None else node)
+    yield path, node
+    for key, child in node.get("properties", {}).items():
+        yield from schema_paths(schema, child, path + (key,))
+    if isinstance(node.get("items"), dict):
+        yield from schema_paths(schema, node["items"], path + (0,))
+
+
+def values_for(node: dict):
+    """Values the sub-schema allows (near its bounds) and values it does not."""
+    allowed = []
+    if "enum" in node:
+        allowed = list(node["enum"])
+    elif node.get("type") in ("number", "integer"):
+        low = node.get("minimum", node.get("exclusiveMinimum", 0))
+        high = node.get("maximum", node.get("exclusiveMaximum", 10**6))
+        allowed = [low, high, (low + high) / 2] if node["type"] == "number" else [int(low), int(high)]
+    elif node.get("type") == "string":
+        allowed = ["x", "a" * node.get("maxLength", 10), "a" * (node.get("maxLength", 10) + 1)]
+    elif node.get("type") == "boolean":
+        allowed = [True, False]
+    return st.one_of(st.sampled_from(allowed or [None]), HOSTILE, st.just({}), st.just([]))
+
+
+def typo(key: str):
+    """A misspelling of `key`: one character dropped, doubled or appended."""
+    return st.integers(0, max(0, len(key) - 1)).flatmap(lambda i: st.sampled_from(
+        [key[:i] + key[i + 1:], key[:i] + key[i] + key[i:], key + "s"]))
+
+
+CONFIG_PATHS = [(path, node) for path, node in schema_paths(CONFIG_SCHEMA) if path]
+
+
+def set_path(document, path, value) -> None:
+    """Set `path` in `document`, creating the objects (or the one-item lists) it passes through."""
+    node = document
+    for key, following in zip(path[:-1], path[1:]):
+        if isinstance(node, list):
+            while len(node) <= key:
+                node.append({})
+            node = node[key]
+            continue
+        if not isinstance(node.get(key), (dict, list)):
+            node[key] = [] if isinstance(following, int) else {}
+        node = node[key]
+    if isinstance(node, list):
+        while len(node) <= path[-1]:
+            node.append({})
+    node[path[-1]] = value
+
+
+@st.composite
+def schema_mutation(draw):
+    path, node = draw(st.sampled_from(CONFIG_PATHS))
+    if draw(st.integers(0, 4)) == 0 and node.get("properties"):
+        key = draw(st.sampled_from(sorted(node["properties"])))
+        return path + (draw(typo(key)),), draw(values_for(resolved(CONFIG_SCHEMA, node["properties"][key]))), True
+    return path, draw(values_for(node)), False
+
+
+@FAST
+@given(st.lists(schema_mutation(), min_size=1, max_size=3))
+def test_every_config_key_of_the_schema_is_refused_in_one_line_or_checks(mutations):
+    config = copy.deepcopy(QUICK)
+    for path, value, _ in mutations:
+        set_path(config, path, value)
+    with hang_guard():
+        try:
+            config_module.check(config)
+        except ConfigError as exc:
+            assert_one_line(str(exc))
+            assert str(exc).startswith("config error: ")
+            return
+    event("checked")
+    # a misspelled key that survives the check would be a key silently ignored
+    for path, _, misspelled in mutations:
+        node = config
+        for key in path[:-1]:
+            node = node[key] if isinstance(node, dict) or isinstance(key, int) else None
+        if misspelled and isinstance(node, dict) and path[-1] in node:
+            pytest.fail(f"misspelled key {'.'.join(map(str, path))} was accepted")
+
+
+COST_PATHS = [(path, node) for path, node in schema_paths(COST_SCHEMA) if path]
+VALID_COST = costmodel.EXERCISE2.to_dict()
+
+
+@FAST
+@given(st.data())
+def test_every_cost_model_key_of_the_schema_is_refused_in_one_line_or_loads(tmp_path, data):
+    document = copy.deepcopy(VALID_COST)
+    misspelled = None
+    for _ in range(data.draw(st.integers(1, 3))):
+        path, node = data.draw(st.sampled_from(COST_PATHS))
+        if isinstance(path[-1], str) and data.draw(st.integers(0, 3)) == 0:
+            misspelled = path[:-1] + (data.draw(typo(path[-1])),)
+            if misspelled[-1] in (node.get("properties") or {}) or misspelled[-1] == path[-1]:
+                misspelled = None
+                continue
+            set_path(document, misspelled, data.draw(values_for(node)))
+        else:
+            set_path(document, path, data.draw(values_for(node)))
+    path = tmp_path / "cost.json"
+    try:
+        path.write_text(json.dumps(document, allow_nan=False))
+    except ValueError:
+        path.write_text(json.dumps(document))
+    with hang_guard():
+        try:
+            model = costmodel.read_file(path)
+        except ValueError as exc:
+            assert_one_line(str(exc))
+            if misspelled is not None and "is not a known key" in str(exc):
+                event("misspelling named")
+            return
+    assert misspelled is None or misspelled[0] == "meta", f"misspelled key {misspelled} was accepted"
+    for batch in (1, 8, 300):
+        assert math.isfinite(model.decode_time(batch, batch * 100, 100)) and model.decode_time(batch, 0, 0) >= 0
+    assert math.isfinite(model.prefill_time(100, 50)) and model.prefill_time(100, 50) > 0
+
+
+# -- trace formats ---------------------------------------------------------------------------------------
+
+ARRIVAL = mostly(st.one_of(st.floats(0, 1e4), st.sampled_from([0.0, 1e-320, 5e-7, 1e-6, 1e8])),
+                 st.sampled_from([1e300, -1.0, math.nan, math.inf, "x", "", None, True, [1]]), one_in=12)
+TOKENS = mostly(st.integers(1, 2000), st.sampled_from([0, -1, 2**21, 1.5, "7", "", None, [3], {"a": 1}]), one_in=12)
+
+
+@st.composite
+def trace_documents(draw):
+    """(file name, bytes, load_trace keywords) for a CSV or JSONL trace in one of the layouts, with
+    hostile headers (BOM, a column twice, one missing), cells and column mappings now and then."""
+    layout = draw(st.sampled_from(sorted(workload.TRACE_LAYOUTS)))
+    names = dict(workload.TRACE_LAYOUTS[layout])
+    kwargs = {"layout": layout}
+    if draw(st.integers(0, 5)) == 0:
+        mapping = draw(st.dictionaries(st.sampled_from(["arrival", "prompt_tokens", "output_tokens"]),
+                                       st.sampled_from(["a", "b", names["arrival"], names["prompt_tokens"]]),
+                                       min_size=1))
+        kwargs["columns"] = mapping
+        names.update(mapping)
+    kwargs["timestamps"] = "seconds"
+    if draw(st.integers(0, 3)) == 0:
+        kwargs["rate"] = draw(st.sampled_from([0.5, 5.0, 1e-9, 1e5]))
+    rows = draw(st.lists(st.tuples(ARRIVAL, TOKENS, TOKENS), max_size=8))
+    header = [names["arrival"], names["prompt_tokens"], names["output_tokens"]]
+    if draw(st.integers(0, 8)) == 0:
+        header = draw(st.sampled_from([header + [header[1]], header[:2], [header[0], header[0], header[2]]]))
+    if draw(st.booleans()):
+        lines = [{column: value for column, value in zip(header, row)} for row in rows]
+        text = "".join(json.dumps(line) + "\n" for line in lines)
+        if draw(st.integers(0, 10)) == 0:
+            text += "[" * 100 + "]" * 100 + "\n"
+        name = "trace.jsonl"
+    else:
+        text = ",".join(header) + "\n" + "".join(",".join("" if v is None else str(v) for v in row) + "\n"
+                                                 for row in rows)
+        name = "trace.csv"
+    data = text.encode()
+    if draw(st.integers(0, 10)) == 0:
+        data = b"\xef\xbb\xbf" + data
+    return name, data, kwargs
+
+
+@FAST
+@given(trace_documents())
+def test_every_trace_format_is_refused_in_one_line_or_replays_finite(tmp_path, document):
+    name, data, kwargs = document
+    path = tmp_path / name
+    path.write_bytes(data)
+    with hang_guard():
+        try:
+            loaded = workload.load_trace(path, **kwargs)
+        except ValueError as exc:
+            assert_one_line(str(exc))
+            return
+        trace = loaded.trace
+        assert np.isfinite(trace.arrival_s).all() and (np.diff(trace.arrival_s) >= 0).all()
+        assert trace.duration_s <= workload.MAX_TRACE_SPAN_S
+        assert (trace.prompt_tokens >= 1).all() and (trace.output_tokens >= 1).all()
+        if "rate" in kwargs and len(trace) > 1:
+            assert len(trace) / trace.duration_s == pytest.approx(kwargs["rate"])
+        if len(trace) >= 2:  # what the config check lets through to the workload stage
+            described = workload.describe({"rate": 2.0, "trace": {"path": str(path), **kwargs}})
+            json.dumps(described, allow_nan=False)
+        if len(trace):
+            summary = metrics.summarize(simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512),
+                                        metrics.SLO(ttft_ms=1000))
+            assert_figures(summary.values())

@@ -1,10 +1,15 @@
-"""Every failure of issue 12, each a named test: an input that hung, crashed or produced impossible
-numbers now works or is refused with one line naming the input, the value and what is allowed."""
+"""Every failure of issues 12 and 19, each a named test: an input that hung, crashed or produced
+impossible numbers now works or is refused with one line naming the input, the value and what is
+allowed."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
+import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from servingplan import architecture, config as config_module, costmodel, metrics, workload
+from servingplan import architecture, config as config_module, costmodel, io as io_module, metrics, workload
 from servingplan.capacity import MAX_BISECTIONS, log_bisect
 from servingplan.cli import main
 from servingplan.config import ConfigError
@@ -272,7 +277,7 @@ def test_a_title_with_newlines_is_refused():
 def test_markdown_title_renders_as_text():
     text = markdown_text(INJECTION)
     assert "\n" not in text
-    assert text == r"ok \# Fake section \[x\](javascript:alert(3)) !\[\](http://example.com/x.png)"
+    assert text == r"ok \# Fake section \[x\](javascript:alert(3)) \!\[\](http\://example.com/x.png)"
     assert markdown_text("servingplan: sizing a GPT-2 small chat service") == \
         "servingplan: sizing a GPT-2 small chat service"
 
@@ -289,3 +294,396 @@ def test_config_validation_runs_as_a_user_runs_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "servingplan.config", str(path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr == "config error: capacity.rate_max = inf: must be a finite number\n"
+
+
+# == issue 19: the inputs added since issue 12 ===========================================================
+
+
+@contextlib.contextmanager
+def no_hang(seconds: int = 60):
+    """A case still running after `seconds` raises instead of blocking the suite (a FIFO would)."""
+    def stop(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def trace_config(path, **trace) -> dict:
+    config = copy.deepcopy(QUICK)
+    config["workload"]["trace"] = {"path": str(path), **trace}
+    return config
+
+
+def fifo(tmp_path, name="trace.csv") -> Path:
+    path = tmp_path / name
+    os.mkfifo(path)
+    return path
+
+
+def zero_link(tmp_path, name="trace.csv") -> Path:
+    path = tmp_path / name
+    path.symlink_to("/dev/zero")
+    return path
+
+
+def deep_json(levels: int = 100_000) -> str:
+    return "[" * levels + "]" * levels
+
+
+def cli_lines(capsys, *argv) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- hangs ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("special", [fifo, zero_link], ids=["fifo", "link to /dev/zero"])
+def test_config_check_refuses_a_special_trace_file_without_opening_it(tmp_path, special):
+    path = special(tmp_path)
+    with no_hang():
+        message = refusal(trace_config(path))
+    assert f"workload.trace.path = {str(path)!r}" in message
+    assert ("FIFO" if special is fifo else "character device") in message and "must be a regular file" in message
+
+
+@pytest.mark.parametrize("special", [fifo, zero_link], ids=["fifo", "link to /dev/zero"])
+def test_cli_refuses_a_special_trace_or_cost_model_file(tmp_path, capsys, special):
+    trace, cost = special(tmp_path, "trace.csv"), special(tmp_path, "cost.json")
+    with no_hang():
+        for argv in (["--trace", str(trace)], ["--workload", str(trace)], ["--cost-model", str(cost), "--print-curve"]):
+            assert "must be a regular file" in cli_error(capsys, *argv)
+
+
+@pytest.mark.parametrize("special", [fifo, zero_link], ids=["fifo", "link to /dev/zero"])
+def test_config_check_refuses_a_special_cost_model_file(tmp_path, special):
+    path = special(tmp_path, "cost.json")
+    config = copy.deepcopy(QUICK)
+    config["costmodel"] = {"source": str(path)}
+    config["hardware"] = []
+    with no_hang():
+        assert "must be a regular file" in refusal(config)
+
+
+def test_config_file_that_is_a_fifo_is_refused(tmp_path):
+    path = fifo(tmp_path, "config.yaml")
+    with no_hang(), pytest.raises(ConfigError, match="FIFO .*must be a regular file"):
+        config_module.read(path)
+
+
+def test_a_trace_spanning_1e300_s_is_refused(tmp_path, capsys):
+    path = trace_file(tmp_path, "0,10,5\n1e300,10,5\n")
+    with no_hang():
+        assert "at most 1e+08 s" in cli_error(capsys, "--workload", path)
+        assert "at most 1e+08 s" in cli_error(capsys, "--trace", path)
+        assert "at most 1e+08 s" in refusal(trace_config(path))
+
+
+def test_rescaling_to_a_tiny_rate_cannot_make_an_endless_trace(tmp_path, capsys):
+    path = trace_file(tmp_path, "0,10,5\n1,10,5\n")
+    assert "at most 1e+08 s" in cli_error(capsys, "--trace", path, "--rate", "1e-12")
+
+
+# -- tracebacks -----------------------------------------------------------------------------------------
+
+def test_save_result_checks_its_path_before_any_simulation(tmp_path, capsys, monkeypatch):
+    """A path that cannot be written is refused before the first cell runs (one run spent 130 s first)."""
+    import servingplan.cli as cli
+    monkeypatch.setattr(cli, "run_cells", lambda *a, **k: pytest.fail("simulated before checking the output path"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cases = [([str(tmp_path / "missing")], "no such directory"),
+             ([str(blocker)], "not a directory"),
+             ([str(tmp_path), "--result-filename", "x" * 300 + ".json"], "at most 255 allowed"),
+             ([str(tmp_path), "--result-filename", "../../x.json"], "plain file name"),
+             ([str(tmp_path), "--result-filename", ""], "plain file name")]
+    for dir_and_name, expected in cases:
+        err = cli_error(capsys, "--save-result", "--result-dir", *dir_and_name)
+        assert err.startswith("serving_sim: error: --save-result: ") and expected in err, err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_save_result_into_an_unwritable_folder_is_refused_first(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    assert "not writable" in cli_error(capsys, "--save-result", "--result-dir", str(locked))
+
+
+def test_a_csv_field_over_128_kib_is_refused_with_its_line(tmp_path, capsys):
+    path = trace_file(tmp_path, "0,10,5\n1," + "9" * 200_000 + ",5\n")
+    err = cli_error(capsys, "--workload", path)
+    assert "line 3" in err and "field larger than field limit" in err
+    assert "line 3" in refusal(trace_config(path))
+
+
+def test_deeply_nested_json_is_refused_in_a_cost_model(tmp_path, capsys):
+    path = tmp_path / "cost.json"
+    path.write_text(deep_json())
+    assert "nested deeper than 32 levels" in cli_error(capsys, "--cost-model", str(path))
+    config = copy.deepcopy(QUICK)
+    config["costmodel"], config["hardware"] = {"source": str(path)}, []
+    assert "nested deeper than 32 levels" in refusal(config)
+
+
+def test_deeply_nested_json_is_refused_in_a_jsonl_trace(tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 3, "output_tokens": 2}\n' + deep_json(50_000) + "\n")
+    assert "line 2: nested deeper than 32 levels" in cli_error(capsys, "--trace", str(path))
+    assert "line 2: nested deeper than 32 levels" in refusal(trace_config(path))
+
+
+def test_a_deeply_nested_config_is_refused():
+    config = copy.deepcopy(QUICK)
+    node = config["report"]
+    for _ in range(5000):
+        node["x"] = {}
+        node = node["x"]
+    assert refusal(config) == "config error: (top level): nested deeper than 32 levels"
+
+
+def test_a_config_of_expanding_yaml_anchors_is_refused(tmp_path):
+    text = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))
+    path = tmp_path / "laughs.yaml"
+    path.write_text(text)
+    with no_hang():
+        assert "more than 100,000 values" in refusal(config_module.read(path))
+
+
+def test_print_curve_into_a_closed_pipe_exits_quietly():
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--print-curve"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.stderr == "" and proc.returncode == 141
+
+
+# -- silently wrong -------------------------------------------------------------------------------------
+
+def test_one_timestamp_for_every_row_is_refused_by_the_config(tmp_path):
+    """Every sweep rate replayed the same burst: the stable capacity came out as the search's bound."""
+    path = trace_file(tmp_path, "".join(f"3.5,{10 + i},5\n" for i in range(20)))
+    assert "arrive at one time" in refusal(trace_config(path))
+
+
+@pytest.mark.parametrize("second", ["0", "1e-320", "5e-7"])
+def test_arrivals_within_a_microsecond_are_a_burst_that_no_rate_rescales(tmp_path, capsys, second):
+    path = trace_file(tmp_path, f"0,10,5\n{second},12,6\n")
+    assert "all arrivals at one time" in cli_error(capsys, "--trace", path, "--request-rate", "5")
+    assert "all arrivals at one time" in cli_error(capsys, "--workload", path, "--request-rate", "5")
+    assert "arrive at one time" in refusal(trace_config(path))
+    with pytest.raises(ValueError, match="no gaps to rescale"):
+        workload.load_trace(path, rate=5.0)
+
+
+def test_a_burst_replayed_at_its_own_pace_has_no_rate_but_valid_json(tmp_path, capsys):
+    path = trace_file(tmp_path, "0,10,5\n1e-320,12,6\n")
+    code, out, err = cli_lines(capsys, "--trace", path, "--json")
+    assert code == 0 and err == ""
+    rows = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON output"))
+    assert rows[0]["rate"] is None
+
+
+def test_workload_description_of_a_burst_is_valid_json(tmp_path):
+    path = trace_file(tmp_path, "0,10,5\n1e-320,12,6\n")
+    described = workload.describe({"rate": 5.0, "trace": {"path": path}})
+    assert described["file_rate_rps"] is None and described["gap_scale"] is None
+    json.dumps(described, allow_nan=False)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_result_files_never_hold_nan_or_infinity(tmp_path, value):
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        io_module.write_json(tmp_path / "r.json", {"rows": [{"x": value}]})
+    assert not (tmp_path / "r.json").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_duplicated_csv_header_is_refused(tmp_path, capsys):
+    """It silently took the last column, which made every prompt 7 tokens."""
+    path = tmp_path / "dup.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,prompt_tokens\n0,100,5,7\n1,120,6,7\n")
+    assert "names column 'prompt_tokens' 2 times" in cli_error(capsys, "--workload", str(path))
+    assert "names column 'prompt_tokens' 2 times" in cli_error(capsys, "--trace", str(path))
+    assert "names column 'prompt_tokens' 2 times" in refusal(trace_config(path))
+
+
+def test_a_jsonl_record_with_a_key_twice_is_refused(tmp_path, capsys):
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 100, "output_tokens": 5, "prompt_tokens": 7}\n')
+    assert "key 'prompt_tokens' appears twice" in cli_error(capsys, "--trace", str(path))
+
+
+def test_columns_mapping_two_fields_to_one_column_is_refused(tmp_path, capsys):
+    path = trace_file(tmp_path, "0,10,5\n1,12,6\n")
+    same = {"arrival": "arrival_s", "prompt_tokens": "prompt_tokens", "output_tokens": "prompt_tokens"}
+    assert "both name column 'prompt_tokens'" in refusal(trace_config(path, columns=same))
+    assert "arrival and prompt_tokens both name column 'arrival_s'" in cli_error(
+        capsys, "--trace", path, "--trace-columns", "prompt_tokens=arrival_s")
+
+
+@pytest.mark.parametrize("section, key, nearest", [("decode", "ctx_mod", "ctx_mode"),
+                                                   ("prefill", "per_token_sq", "per_token_sq_s"),
+                                                   (None, "sorce", "source")])
+def test_a_misspelled_cost_model_key_names_itself_and_the_nearest(tmp_path, capsys, section, key, nearest):
+    extra = {section: {key: 1e-9}} if section else {key: "x"}
+    path = cost_file(tmp_path, decode=extra.get("decode"), prefill=extra.get("prefill"),
+                     **({key: "x"} if section is None else {}))
+    where = f"{section}." if section else ""
+    err = cli_error(capsys, "--cost-model", path)
+    assert f"cost model {where}{key} is not a known key; did you mean {where}{nearest}?" in err
+    with pytest.raises(ValueError, match=f"did you mean {where}{nearest}"):
+        costmodel.read_file(path)
+
+
+def test_cost_model_schema_version_true_is_refused(tmp_path, capsys):
+    assert "schema_version=True: expected 1" in cli_error(capsys, "--cost-model",
+                                                          cost_file(tmp_path, schema_version=True))
+
+
+def test_a_reversed_speed_band_is_refused(tmp_path, capsys):
+    path = cost_file(tmp_path, meta={"speed_band": {"decode": [1.3, 0.9], "prefill": [0.9, 1.2]}})
+    assert "meta.speed_band.decode = [1.3, 0.9]: must be [fastest, slowest]" in cli_error(capsys, "--cost-model", path)
+
+
+def test_the_published_cost_model_schema_accepts_what_the_project_writes():
+    import jsonschema
+    schema = json.loads((ROOT / "schemas" / "costmodel.schema.json").read_text())
+    import dataclasses
+    table = dataclasses.replace(costmodel.EXERCISE2, decode_batch_fixed_s=((1, 0.004), (8, 0.006)),
+                                meta={"speed_band": {"decode": [0.9, 1.2], "prefill": [0.95, 1.1], "matmul": [0.8, 1.3]},
+                                      "fit": {"mape": 3.0}})
+    for model in (costmodel.EXERCISE2, table):
+        jsonschema.validate(model.to_dict(), schema)
+        assert costmodel.CostModel.from_dict(json.loads(json.dumps(model.to_dict()))) == model
+    assert schema["additionalProperties"] is False
+    assert "schemas/costmodel.schema.json" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("first, second", [("--num-prompts", "--num-requests"), ("--rate", "--request-rate")])
+def test_aliases_given_twice_with_different_values_are_refused(capsys, first, second):
+    assert "given twice with different values (10 and 20)" in cli_error(capsys, first, "10", second, "20") \
+        or "given twice with different values (10.0 and 20.0)" in cli_error(capsys, first, "10", second, "20")
+
+
+def test_aliases_given_twice_with_the_same_value_agree(capsys):
+    code, out, _ = cli_lines(capsys, "--num-prompts", "30", "--num-requests", "30", "--seeds", "1", "--json")
+    assert code == 0 and json.loads(out)
+
+
+def test_result_filename_cannot_leave_the_result_dir(tmp_path, capsys):
+    inner = tmp_path / "a" / "b"
+    inner.mkdir(parents=True)
+    err = cli_error(capsys, "--save-result", "--result-dir", str(inner), "--result-filename", "../../x.json")
+    assert "must be a plain file name" in err and not (tmp_path / "x.json").exists()
+
+
+def test_save_result_never_replaces_a_symlink_or_a_device(tmp_path, capsys):
+    target = tmp_path / "kept.json"
+    target.write_text("precious\n")
+    (tmp_path / "link.json").symlink_to(target)
+    err = cli_error(capsys, "--save-result", "--result-dir", str(tmp_path), "--result-filename", "link.json")
+    assert "is a symlink; only a regular file is replaced" in err
+    assert target.read_text() == "precious\n" and (tmp_path / "link.json").is_symlink()
+    err = cli_error(capsys, "--save-result", "--result-dir", "/dev", "--result-filename", "null")
+    assert "is a character device" in err
+    with pytest.raises(ValueError, match="is a symlink"):
+        io_module.write_json(tmp_path / "link.json", {"x": 1})
+    assert target.read_text() == "precious\n"
+
+
+def test_a_bom_in_a_csv_header_gets_a_message_that_says_bom(tmp_path, capsys):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (HEADER + "0,10,5\n1,12,6\n").encode())
+    for err in (cli_error(capsys, "--workload", str(path)), cli_error(capsys, "--trace", str(path)),
+                refusal(trace_config(path))):
+        assert "byte-order mark (BOM, U+FEFF)" in err and "'arrival_s'" in err
+
+
+def test_a_trace_that_is_not_utf8_is_refused(tmp_path, capsys):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes((HEADER + "0,10,5\n").encode() + b"1,12,6 \xe9\n")
+    assert "not UTF-8 text" in cli_error(capsys, "--trace", str(path))
+
+
+# -- Markdown injection through every free text ---------------------------------------------------------
+
+INJECTIONS = ["[x](javascript:alert(3))", "![i](http://e.com/x.png)", "*em* _em_ **b** `code` ~~del~~",
+              "# heading", "- item", "+ item", "1. item", "3) item", "> quote", "=== ", "a | b | c",
+              "&lt;script&gt; &amp; &#106;avascript", "<script>alert(1)</script>", "<javascript:alert(1)>",
+              "see http://evil.example www.evil.example", "[ref]: http://evil.example", "a\\*b\\", "\u202eevil",
+              "line\n\n# second"]
+
+
+def rendered_markdown(text: str) -> str:
+    """`text` as report.md carries it (markdown_text, then the template's autoescaping), rendered as
+    CommonMark with GitHub's tables and strikethrough."""
+    from markdown_it import MarkdownIt
+    from markupsafe import escape
+    cell = str(escape(markdown_text(text)))
+    # the same text in a paragraph and in a table cell, the two places report.md puts free text
+    return MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(
+        f"{cell}\n\n| a | b |\n|---|---|\n| {cell} | x |\n")
+
+
+STRUCTURE = re.compile(r"<(a|img|em|strong|code|del|s|h\d|li|ol|ul|blockquote|script|pre|hr)\b")
+
+
+@pytest.mark.parametrize("text", INJECTIONS)
+def test_markdown_text_leaves_no_markdown_structure(text):
+    pytest.importorskip("markdown_it")
+    html = rendered_markdown(text)
+    assert not STRUCTURE.search(html), html
+    assert html.count("<td>") == 2 and html.count("<p>") == 1, html
+
+
+@pytest.mark.parametrize("field", ["trace file name", "trace column header", "cost model name",
+                                   "cost model source", "report title", "hardware name", "hardware description"])
+def test_every_free_text_input_reaches_markdown_only_through_markdown_text(tmp_path, field):
+    """Each text a user controls, carried as far as the pipeline carries it before rendering, comes
+    out of markdown_text as plain text."""
+    pytest.importorskip("markdown_it")
+    evil = "[x](javascript:alert(3)) *e*"
+    if field == "trace file name":
+        path = tmp_path / f"{evil}.csv"
+        path.write_text(HEADER + "0,10,5\n1,12,6\n")
+        text = workload.describe({"rate": 2.0, "trace": {"path": str(path)}})["file"]
+    elif field == "trace column header":
+        path = tmp_path / "t.csv"
+        path.write_text(f"{evil.replace(',', ' ')},prompt_tokens,output_tokens\n0,10,5\n1,12,6\n")
+        columns = {"arrival": evil.replace(",", " ")}
+        text = workload.describe({"rate": 2.0, "trace": {"path": str(path), "columns": columns}})["columns"]["arrival"]
+    elif field.startswith("cost model"):
+        key = field.split()[-1]
+        text = costmodel.read_file(cost_file(tmp_path, **{key: evil})).__dict__[key]
+    elif field == "report title":
+        config = with_value("report.title", evil, QUICK)
+        config_module.check(config)
+        text = config["report"]["title"]
+    else:
+        text = evil
+    assert evil in text
+    assert not STRUCTURE.search(rendered_markdown(text))
+
+
+def test_a_burst_logged_after_time_zero_is_still_a_burst(tmp_path, capsys):
+    """--workload keeps a CSV's own times: 20 rows at t = 3.5 s were rescaled as if they spanned 3.5 s."""
+    path = trace_file(tmp_path, "".join(f"3.5,{10 + i},5\n" for i in range(20)))
+    assert "all arrivals at one time" in cli_error(capsys, "--workload", path, "--request-rate", "5")
+
+
+def test_a_length_key_its_dist_does_not_read_is_refused():
+    config = copy.deepcopy(QUICK)
+    config["workload"]["prompt"]["value"] = 10**12
+    assert refusal(config).startswith("config error: workload.prompt.value = 1000000000000: not read with dist "
+                                      "uniform")
