@@ -12,6 +12,30 @@ MEASURED_INPUTS = dict(
 ) if PROFILED else {}
 
 
+# The comparisons the report states about the simulations, decided by the planner (servingplan/findings.py)
+rule findings:
+    input:
+        latency=rules.collect.output.latency,
+        capacity=rules.collect.output.capacity,
+        chunks=rules.collect.output.chunks,
+        costmodel=COSTMODEL,
+        trace=TRACE_FILE,
+        code=sources("findings.py", "seeds.py", "workload.py", "costmodel.py"),
+    output:
+        "results/plan/findings.json",
+    params:
+        slo=config["slo"],
+        workload=config["workload"],
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    log:
+        "results/logs/findings.log",
+    script:
+        "../scripts/findings.py"
+
+
 rule report:
     input:
         **MEASURED_INPUTS,
@@ -23,6 +47,9 @@ rule report:
         memory=rules.memory.output.table,
         memory_summary=rules.memory.output.summary,
         recommendation=rules.recommend.output[0],
+        findings=rules.findings.output[0],
+        # the cross-machine decision (h-machines' planner); until it is written the report renders without it
+        **({"decision": "results/plan/decision.json"} if os.path.exists("results/plan/decision.json") else {}),
         hardware=rules.recommend.output.hardware,
         fleet=expand("results/fleet/cells/{cell}.json", cell=CELLS),
         exercise2=rules.exercise2.output.answers,
