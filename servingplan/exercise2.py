@@ -23,6 +23,8 @@ from servingplan.sim.fleet import ROUTERS, simulate_fleet
 from servingplan.workload import Trace
 
 POLICY = "continuous_chunked"
+# the reading of the source's curve the answers follow: the step-time model's own (b per KV token)
+ANSWER_READING = "per_kv_token"
 # the rows and the per-sequence context of the exercise's latency table
 CURVE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 CURVE_CONTEXT_TOKENS = 2000
@@ -34,6 +36,10 @@ BLOCK_SIZE = 16
 # what the replicas of task 2.6 add: the next capacity step
 EXTRA_CAPACITY_REPLICAS = 2
 PERCENTILES = (50, 90, 95, 99)
+# The one share of requests meeting the SLO every answer and figure of the exercise quotes. Goodput over
+# the offered rate is not that share: goodput divides by the run's duration, which includes draining the
+# last requests, so it sits below attainment.
+SHARE_MEETING_SLO = "attainment: requests meeting both SLO bounds over every request that arrived"
 
 
 @dataclass(frozen=True)
@@ -123,8 +129,9 @@ def _run(trace, cost, policy, cap, chunk, record_tokens=False):
 
 
 def run_figures(result, slo: SLO) -> dict:
-    """One run's table row: latency percentiles, goodput (also over the offered rate), SLO share,
-    stability; with inter-token gaps when the run recorded token times."""
+    """One run's table row: latency percentiles, goodput, the share meeting the SLO (attainment, the one
+    share the exercise quotes: SHARE_MEETING_SLO), stability; with inter-token gaps when the run recorded
+    token times."""
     summary = summarize(result, slo)
     row = {f"{m}_p{q}": summary[f"{m}_p{q}"] for m in ("ttft_ms", "tpot_ms") for q in PERCENTILES}
     row["ttft_ms_mean"] = summary["ttft_ms_mean"]
@@ -135,10 +142,6 @@ def run_figures(result, slo: SLO) -> dict:
                     "itl_ms_max": finite_or_none(gaps_ms.max()) if gaps_ms.size else None})
     row.update({key: summary[key] for key in ("goodput_rps", "attainment", "stable", "slo_holds",
                                               "throughput_tok_s", "preemptions", "peak_running")})
-    # the run's duration includes draining the last requests, so this sits a little below attainment
-    offered = summary["request_rate"]
-    row["goodput_over_offered"] = (summary["goodput_rps"] / offered
-                                   if offered and summary["goodput_rps"] is not None else None)
     return row
 
 
@@ -197,6 +200,14 @@ def choose_cap(sweep: pd.DataFrame, reading: str) -> dict:
             "stable_caps": [int(c) for c in stable.index],
             "unstable_caps": [c for c in caps if c not in set(int(x) for x in stable.index)],
             "smallest_stable_cap": int(min(stable.index))}
+
+
+def picked_cap(choice: dict, caps) -> dict:
+    """The cap every later answer and figure of the exercise uses: the reading's recommended cap; when no
+    swept cap keeps up there is none to recommend, and the answers study the largest swept cap instead."""
+    if choice["recommended_cap"] is not None:
+        return {"picked_cap": choice["recommended_cap"], "basis": "recommended", "reading": choice["reading"]}
+    return {"picked_cap": max(caps), "basis": "largest_swept_none_keeps_up", "reading": choice["reading"]}
 
 
 def _means(sweep: pd.DataFrame) -> pd.DataFrame:
@@ -370,7 +381,6 @@ def pick_chunk(chunks: pd.DataFrame, itl_bound_ms: float) -> dict:
         "chunk_for_itl_bound_and_stable": int(meets_stable["chunk_size"].max()) if len(meets_stable) else None,
         "per_chunk": [{"chunk_size": int(r.chunk_size), "itl_ms_p99": finite_or_none(r.itl_ms_p99),
                        "itl_ms_max": finite_or_none(r.itl_ms_max), "attainment": finite_or_none(r.attainment),
-                       "goodput_over_offered": finite_or_none(r.goodput_over_offered),
                        "stable": bool(r.stable)} for r in means.itertuples()],
     }
 
@@ -392,16 +402,16 @@ def run(cfg: dict, master_seed: int, cost: CostModel = EXERCISE2) -> Exercise2Ou
     models = {"per_kv_token": cost, "per_sequence": literal_curve_model(cost)}
     sweep, runs = cap_sweep(traces, seeds, models, caps, chunk, slo)
     readings = {reading: {**choose_cap(sweep, reading), **raw_goodput_peak(sweep, reading)} for reading in models}
-    by_cap = _means(sweep[sweep["reading"] == "per_kv_token"]).set_index("max_num_seqs")
-    runs_by_cap = {cap: results for (reading, cap), results in runs.items() if reading == "per_kv_token"}
-    # with no cap that keeps up the later answers study the largest one, and say so
-    best_cap = readings["per_kv_token"]["best_cap"] or caps[-1]
+    by_cap = _means(sweep[sweep["reading"] == ANSWER_READING]).set_index("max_num_seqs")
+    runs_by_cap = {cap: results for (reading, cap), results in runs.items() if reading == ANSWER_READING}
+    pick = picked_cap(readings[ANSWER_READING], caps)
+    cap = pick["picked_cap"]
     naive_runs = [_run(t, cost, POLICY, naive["b_max"], chunk) for t in traces]
     naive_cell = {"cap": naive["b_max"], **cell_summary(naive_runs, slo)}
-    chunks = chunk_sweep(traces, seeds, cost, best_cap, chunk_sizes, slo)
+    chunks = chunk_sweep(traces, seeds, cost, cap, chunk_sizes, slo)
     load = prefill_load(traces, cfg, cost)
     steps_naive = step_log(traces[0], cost, POLICY, naive["b_max"], chunk)
-    steps_best = step_log(traces[0], cost, POLICY, best_cap, chunk)
+    steps_picked = step_log(traces[0], cost, POLICY, cap, chunk)
 
     answers = {
         "inputs": {
@@ -410,22 +420,24 @@ def run(cfg: dict, master_seed: int, cost: CostModel = EXERCISE2) -> Exercise2Ou
                     "tpot_ms": slo.tpot_ms, "tpot_percentile": slo.tpot_percentile},
             "chunk_size": chunk, "sweep_caps": caps, "chunk_sizes": chunk_sizes,
             "kv_blocks": None, "block_size": BLOCK_SIZE, "horizon_factor": HORIZON_FACTOR,
-            "step_log_seed": seeds[0],
+            "step_log_seed": seeds[0], "share_meeting_slo": SHARE_MEETING_SLO, "answer_reading": ANSWER_READING,
         },
+        "pick": pick,
         "2.1": fit,
         "2.2": naive,
-        "2.3": spend_ttft_budget(traces, cost, best_cap, chunk, slo, load, chunks, steps_best, budget_ms),
-        "2.4": {**predict_then_check(fit, naive, by_cap, best_cap, caps[-1], naive_cell, load, cfg),
-                "readings": readings, "recommended_cap": readings["per_kv_token"]["recommended_cap"]},
-        "2.5": explain_gap(traces, cost, naive, best_cap, runs_by_cap[best_cap], naive_runs, steps_naive,
-                           steps_best, budget_ms, readings["per_kv_token"], load),
-        "2.6": next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg),
+        "2.3": spend_ttft_budget(traces, cost, cap, chunk, slo, load, chunks, steps_picked, budget_ms),
+        "2.4": {**predict_then_check(fit, naive, by_cap, pick, readings[ANSWER_READING], caps[-1], naive_cell,
+                                     load, cfg),
+                "readings": readings, "recommended_cap": readings[ANSWER_READING]["recommended_cap"]},
+        "2.5": explain_gap(traces, cost, naive, cap, runs_by_cap[cap], naive_runs, steps_naive,
+                           steps_picked, budget_ms, readings[ANSWER_READING], load),
+        "2.6": next_lever(traces, cost, by_cap, naive_cell, cap, chunk, slo, load, cfg),
     }
     return Exercise2Outputs(answers, sweep, chunks, curve)
 
 
 def spend_ttft_budget(traces, cost, cap, chunk, slo, load, chunks, steps, budget_ms) -> dict:
-    """2.3: prefill load, whole versus chunked prefill at the chosen cap, and a chunk for an ITL bound."""
+    """2.3: prefill load, whole versus chunked prefill at the picked cap, and a chunk for an ITL bound."""
     whole = cell_summary([_run(t, cost, "continuous", cap, chunk, record_tokens=True) for t in traces], slo)
     chunked = cell_summary([_run(t, cost, POLICY, cap, chunk, record_tokens=True) for t in traces], slo)
     # the question moves the SLO from mean TPOT to the p99 gap; the budget itself stays what product set
@@ -450,10 +462,12 @@ def spend_ttft_budget(traces, cost, cap, chunk, slo, load, chunks, steps, budget
     }
 
 
-def predict_then_check(fit, naive, by_cap, best_cap, largest_cap, naive_cell, load, cfg) -> dict:
-    """2.4: what the curve alone predicts, and what the sweep shows. `attainment` is the share of
-    offered requests served within the SLO; `goodput_over_offered` is goodput (req/s) over the rate."""
+def predict_then_check(fit, naive, by_cap, pick, choice, largest_cap, naive_cell, load, cfg) -> dict:
+    """2.4: what the curve alone predicts, and what the sweep shows. The prediction (b) is checked at the
+    predicted cap itself (the curve's cap, simulated); `attainment` is the share of requests meeting the
+    SLO (SHARE_MEETING_SLO)."""
     a, b = fit["least_squares"]["a_ms"], fit["least_squares"]["b_ms"]
+    best_cap, cap = choice["best_cap"], pick["picked_cap"]
     budget_ms = naive["tpot_budget_ms"]
     goodput = by_cap["goodput_rps"].astype(float)
     # the curve alone says every token of every request costs t_step(cap), and TTFT one prefill
@@ -462,17 +476,18 @@ def predict_then_check(fit, naive, by_cap, best_cap, largest_cap, naive_cell, lo
     def by(column):
         return {int(c): finite_or_none(v) for c, v in by_cap[column].items()}
 
-    def at(cap):
-        return {"cap": cap, "goodput_rps": finite_or_none(goodput[cap]), "attainment": finite_or_none(by_cap["attainment"][cap]),
-                "goodput_over_offered": finite_or_none(by_cap["goodput_over_offered"][cap])}
+    def at(c):
+        return {"cap": c, "stable": bool(by_cap["stable"][c]), "goodput_rps": finite_or_none(goodput[c]),
+                "attainment": finite_or_none(by_cap["attainment"][c])}
 
+    predicted = naive_cell["attainment"]
     return {
-        "best_cap": best_cap, "largest_cap": largest_cap, "naive_cap": naive["b_max"],
+        "best_cap": best_cap, "picked_cap": cap, "largest_cap": largest_cap, "naive_cap": naive["b_max"],
         "goodput_rps_by_cap": by("goodput_rps"),
         "attainment_by_cap": by("attainment"),
-        "goodput_over_offered_by_cap": by("goodput_over_offered"),
         "stable_by_cap": {int(c): bool(v) for c, v in by_cap["stable"].items()},
-        "at_best_cap": at(best_cap),
+        "at_best_cap": at(best_cap) if best_cap is not None else None,
+        "at_picked_cap": at(cap),
         "at_largest_cap": at(largest_cap),
         "at_naive_cap": naive_cell,
         "prediction_from_curve": {
@@ -482,47 +497,50 @@ def predict_then_check(fit, naive, by_cap, best_cap, largest_cap, naive_cell, lo
             "largest_cap_meets_tpot": bool(a + b * largest_cap <= budget_ms),
         },
         "choices": list(PREDICTION_CHOICES),
-        "closest_choice_to_simulated": min(PREDICTION_CHOICES,
-                                           key=lambda c: abs(c - by_cap["attainment"][best_cap])),
-        "goodput_falls_from_best_to_largest_cap": bool(goodput[largest_cap] < goodput[best_cap]),
-        "best_cap_below_naive_cap": best_cap < naive["b_max"],
+        # (b) checked where it was predicted: the share meeting the SLO at the curve's cap; none when its
+        # queue grows (an unstable run has no share)
+        "prediction_check": {"cap": naive["b_max"], "stable": bool(naive_cell["stable"]), "attainment": predicted,
+                             "closest_choice": (None if predicted is None else
+                                                min(PREDICTION_CHOICES, key=lambda c: abs(c - predicted)))},
+        "goodput_falls_from_picked_to_largest_cap": _falls(goodput[largest_cap], goodput[cap]),
+        "picked_cap_below_naive_cap": cap < naive["b_max"],
     }
 
 
-def explain_gap(traces, cost, naive, best_cap, best_runs, naive_runs, steps_naive, steps_best,
+def explain_gap(traces, cost, naive, cap, picked_runs, naive_runs, steps_naive, steps_picked,
                 budget_ms, choice: dict, load: dict) -> dict:
     """2.5: what decides the cap on this workload first (which caps keep up with the load at all:
     prefill's share of every second and the decode batch the load needs), then the four effects the
-    static curve leaves out, each measured."""
+    static curve leaves out, each measured at the picked cap and at the curve's."""
     naive_cap = naive["b_max"]
-    decoding = steps_best[steps_best["batch"] > 0]
+    decoding = steps_picked[steps_picked["batch"] > 0]
     below = [c for c in choice["unstable_caps"] if choice["stable_caps"] and c < min(choice["stable_caps"])]
     return {
         "keep_up": {"unstable_caps": choice["unstable_caps"], "largest_cap_that_falls_behind": max(below, default=None),
                     "smallest_cap_that_keeps_up": min(choice["stable_caps"], default=None),
                     "prefill_fraction": load["prefill_fraction"], "rate_rps": load["rate_rps"],
-                    "mean_decode_batch_at_best_cap": float(decoding["batch"].mean()) if len(decoding) else None,
-                    "best_cap": best_cap},
-        "queueing_delay": {"best_cap": {"cap": best_cap, **queueing(best_runs)},
+                    "mean_decode_batch_at_picked_cap": float(decoding["batch"].mean()) if len(decoding) else None,
+                    "picked_cap": cap},
+        "queueing_delay": {"picked_cap": {"cap": cap, **queueing(picked_runs)},
                            "naive_cap": {"cap": naive_cap, **queueing(naive_runs)}},
         "tpot_spread": {"naive_cap": {"cap": naive_cap, **tpot_spread(naive_runs, budget_ms)},
-                        "best_cap": {"cap": best_cap, **tpot_spread(best_runs, budget_ms)}},
+                        "picked_cap": {"cap": cap, **tpot_spread(picked_runs, budget_ms)}},
         "prefill_interference": {"naive_cap": {"cap": naive_cap, **prefill_interference(steps_naive)},
-                                 "best_cap": {"cap": best_cap, **prefill_interference(steps_best)}},
+                                 "picked_cap": {"cap": cap, **prefill_interference(steps_picked)}},
         "context_growth": context_growth(traces[:1], steps_naive, cost, naive),
     }
 
 
-def next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg) -> dict:
-    """2.6: how far the knob goes at all (every swept cap and the naive one), and what one more
-    replica does at the same offered rate."""
+def next_lever(traces, cost, by_cap, naive_cell, cap, chunk, slo, load, cfg) -> dict:
+    """2.6: the share meeting the SLO at the picked cap, how far the knob goes at all (every swept cap and
+    the naive one), and what one more replica does at the same offered rate and the same picked cap."""
     rate = float(cfg["rate"])
     # only caps that keep up have an attainment to compare
     attainment = {int(c): float(v) for c, v in by_cap["attainment"].items() if pd.notna(v)}
     if naive_cell["attainment"] is not None:
         attainment[naive_cell["cap"]] = naive_cell["attainment"]
     stable = [int(c) for c, s in by_cap["stable"].items() if s]
-    fleet = {router: cell_summary([simulate_fleet(t, cost, POLICY, best_cap, chunk, None, BLOCK_SIZE,
+    fleet = {router: cell_summary([simulate_fleet(t, cost, POLICY, cap, chunk, None, BLOCK_SIZE,
                                                   HORIZON_FACTOR, EXTRA_CAPACITY_REPLICAS, router)
                                    for t in traces], slo)
              for router in ROUTERS}
@@ -530,6 +548,8 @@ def next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg
     prefill_s = load["prefill_ms_per_request"] / 1e3
     floor_ms = tpot_floor_ms(cost, rate, prefill_s, traces)
     return {
+        "picked_cap": cap,
+        "attainment_at_picked_cap": attainment.get(cap),
         "best_attainment_over_caps": max(attainment.values(), default=None),
         "cap_of_best_attainment": max(attainment, key=attainment.get) if attainment else None,
         "attainment_over_stable_swept_caps": _range([attainment[c] for c in stable]),
@@ -541,12 +561,16 @@ def next_lever(traces, cost, by_cap, naive_cell, best_cap, chunk, slo, load, cfg
         "replicas": EXTRA_CAPACITY_REPLICAS,
         "prefill_fraction_per_replica": load["prefill_fraction"] / EXTRA_CAPACITY_REPLICAS,
         "tpot_floor_ms_per_replica": tpot_floor_ms(cost, rate / EXTRA_CAPACITY_REPLICAS, prefill_s, traces),
-        "fleet_cap": best_cap,
+        "fleet_cap": cap,
         "fleet_by_router": fleet,
         "fleet_best_router": best_router,
         "fleet_attainment": fleet[best_router]["attainment"],
-        "fleet_goodput_over_offered": fleet[best_router]["goodput_over_offered"],
     }
+
+
+def _falls(x, y) -> bool | None:
+    """Whether x is below y; None when either is undefined (an unstable run has no goodput)."""
+    return None if pd.isna(x) or pd.isna(y) else bool(x < y)
 
 
 def _raises(x, y) -> bool | None:

@@ -99,7 +99,7 @@ def test_tpot_floor_is_the_fixed_cost_over_the_spare_second():
 
 
 def test_answers_cover_every_task_and_are_plain_json(outputs):
-    assert set(outputs.answers) == {"inputs", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6"}
+    assert set(outputs.answers) == {"inputs", "pick", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6"}
     json.dumps(outputs.answers, allow_nan=False)
     a = outputs.answers
     assert a["2.2"]["b_max"] == 81
@@ -108,6 +108,60 @@ def test_answers_cover_every_task_and_are_plain_json(outputs):
     assert set(a["2.5"]) == {"keep_up", "queueing_delay", "tpot_spread", "prefill_interference", "context_growth"}
     assert set(a["2.4"]["readings"]) == {"per_kv_token", "per_sequence"}
     assert 0.0 <= a["2.6"]["fleet_attainment"] <= 1.0
+
+
+def test_every_later_answer_uses_the_picked_cap(outputs):
+    a = outputs.answers
+    pick = a["pick"]
+    choice = a["2.4"]["readings"]["per_kv_token"]
+    assert pick["reading"] == a["inputs"]["answer_reading"] == "per_kv_token"
+    if choice["recommended_cap"] is not None:
+        assert pick == {"picked_cap": choice["recommended_cap"], "basis": "recommended", "reading": "per_kv_token"}
+    else:
+        assert pick["picked_cap"] == max(SMALL["sweep_caps"]) and pick["basis"] == "largest_swept_none_keeps_up"
+    cap = pick["picked_cap"]
+    assert a["2.3"]["at_cap"] == cap
+    assert set(outputs.chunk_sweep["max_num_seqs"]) == {cap}
+    assert a["2.4"]["picked_cap"] == a["2.4"]["at_picked_cap"]["cap"] == cap
+    keep_up = a["2.5"]["keep_up"]
+    assert keep_up["picked_cap"] == cap
+    for effect in ("queueing_delay", "tpot_spread", "prefill_interference"):
+        assert a["2.5"][effect]["picked_cap"]["cap"] == cap
+        assert a["2.5"][effect]["naive_cap"]["cap"] == a["2.2"]["b_max"]
+    assert a["2.6"]["picked_cap"] == a["2.6"]["fleet_cap"] == cap
+    # the share at the picked cap in 2.6 is the sweep's own figure for that cap
+    assert a["2.6"]["attainment_at_picked_cap"] == a["2.4"]["attainment_by_cap"][cap]
+
+
+def test_the_prediction_is_checked_at_the_predicted_cap(outputs):
+    a = outputs.answers
+    check = a["2.4"]["prediction_check"]
+    naive_cell = a["2.4"]["at_naive_cap"]
+    assert check["cap"] == a["2.2"]["b_max"] == naive_cell["cap"]
+    assert check["attainment"] == naive_cell["attainment"]
+    assert check["stable"] == naive_cell["stable"]
+    if check["attainment"] is None:
+        assert check["closest_choice"] is None and not check["stable"]
+    else:
+        distances = {c: abs(c - check["attainment"]) for c in exercise2.PREDICTION_CHOICES}
+        assert check["closest_choice"] == min(distances, key=distances.get)
+
+
+def test_one_share_meeting_the_slo(outputs):
+    """Attainment is the one share the exercise quotes; goodput over the offered rate, which differs
+    from it by the drain time, is written nowhere."""
+    assert "attainment" in outputs.answers["inputs"]["share_meeting_slo"]
+    assert "goodput_over_offered" not in json.dumps(outputs.answers)
+    for frame in (outputs.cap_sweep, outputs.chunk_sweep):
+        assert "goodput_over_offered" not in frame.columns
+        assert "attainment" in frame.columns
+
+
+@pytest.mark.parametrize("recommended, expected", [(32, (32, "recommended")),
+                                                   (None, (128, "largest_swept_none_keeps_up"))])
+def test_picked_cap_is_the_recommended_one_or_the_largest_when_none_keeps_up(recommended, expected):
+    pick = exercise2.picked_cap({"reading": "r", "recommended_cap": recommended}, [8, 128, 32])
+    assert (pick["picked_cap"], pick["basis"]) == expected
 
 
 def test_sweeps_have_a_row_per_cell_and_a_mean_per_value(outputs):

@@ -2,7 +2,10 @@
 
 Figures have fixed sizes and are saved without a timestamp or software tag, so the same inputs give
 the same PNG bytes. A queue that does not keep up has no latency percentile (metrics reports None):
-such points are drawn in an "unstable" band at the top of the axes, never as a large number.
+such points are drawn in an "unstable" band above the values, never as a large number nor on the axis
+floor, where they would read as passing. A figure with no stable point to draw is not drawn: its
+function returns None, and `omission(...)` of the same data names why (NO_STABLE_POINT, ALL_ZERO) for the
+report's one sentence in its place. Every term, policy, machine and axis is named by names.display.
 """
 from __future__ import annotations
 
@@ -19,6 +22,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from servingplan import money  # noqa: E402
+from servingplan.exercise2 import POLICY as EX2_POLICY  # noqa: E402
+from servingplan.planner import _capacity_row  # noqa: E402
+from servingplan.report.names import display  # noqa: E402
 from servingplan.seeds import over_seeds  # noqa: E402
 from servingplan.sim import policies  # noqa: E402
 
@@ -39,7 +46,12 @@ plt.rcParams.update({
 })
 
 
-policy_label = policies.label
+policy_label = display
+CAP_AXIS = display("max_num_seqs")
+
+# Why a figure is not drawn (the report puts one sentence in its place):
+NO_STABLE_POINT = "no_stable_point"   # every configuration it covers lets its queue grow: nothing to draw
+ALL_ZERO = "all_zero"                 # every value it would draw is zero
 
 
 def png_bytes(fig: Figure) -> bytes:
@@ -58,6 +70,39 @@ def _figure(rows: int = 1, cols: int = 1, height: float = 3.6, **kwargs):
 
 def _defined(values) -> np.ndarray:
     return np.asarray(pd.to_numeric(pd.Series(values), errors="coerce"), dtype=float)
+
+
+def sweep_omission(means: pd.DataFrame, columns) -> str | None:
+    """NO_STABLE_POINT when no row of a sweep's means is stable with a value in any of `columns`; None
+    when there is something to draw."""
+    stable = means["stable"].astype(bool).to_numpy()
+    drawable = any(np.isfinite(_defined(means[c]))[stable].any() for c in columns)
+    return None if drawable else NO_STABLE_POINT
+
+
+def _unstable_band(ax, top: float, unstable) -> bool:
+    """Unstable points (no value), `unstable` = [(xs, colour), ...], as crosses in a shaded band above
+    `top` (the highest value or line drawn), so no cross sits on a value or reads as meeting a budget
+    line; the axis starts at zero. Returns whether any cross was drawn (for the legend)."""
+    unstable = [(list(xs), color) for xs, color in unstable if len(xs)]
+    top = top if top > 0 else 1.0
+    if not unstable:
+        ax.set_ylim(0, top * 1.08)
+        return False
+    low, high = top * 1.08, top * 1.42
+    ax.axhspan(low, high, color=UNSTABLE_COLOR, alpha=0.18, lw=0)
+    ax.text(0.5, low + 0.75 * (high - low), "unstable: the queue grows (no value)", transform=ax.get_yaxis_transform(),
+            ha="center", va="center", fontsize=7, color="#555555")
+    for xs, color in unstable:
+        ax.plot(xs, [low + 0.3 * (high - low)] * len(xs), "x", color=color, ms=6, mew=1.5, ls="")
+    ax.set_ylim(0, high)
+    ticks = [t for t in matplotlib.ticker.MaxNLocator(5).tick_values(0, top) if t <= top * 1.04]
+    ax.set_yticks(ticks)
+    return True
+
+
+def _unstable_handle():
+    return plt.Line2D([], [], marker="x", color="black", ls="", mew=1.5)
 
 
 # -- profiling -----------------------------------------------------------------------------------------
@@ -104,7 +149,7 @@ def decode_profile(profile: pd.DataFrame, cost, heldout_ids: set) -> Figure:
         batches = np.arange(1, points["batch"].max() + 1)
         ax.plot(batches, [cost.decode_time(int(b), int(b) * context, context) * 1e3 for b in batches],
                 color=color, lw=1.0)
-    ax.set_xlabel("batch size B (sequences decoding together)")
+    ax.set_xlabel(display("batch"))
     ax.set_ylabel("decode step latency (ms)")
     ax.set_title("Decode: one token for each of B sequences (markers measured, lines fitted)")
     ax.legend(loc="upper left", ncol=2)
@@ -132,7 +177,7 @@ def residuals(predicted: pd.DataFrame) -> Figure:
     """Relative error of the shipped fit per point, and of the training-split fit on held-out points."""
     fig, axes = _figure(1, 2)
     panels = [("prefill", ("prefill", "prefill_cached"), "prompt_len", "prompt tokens in the call"),
-              ("decode", ("decode",), "batch", "batch size B")]
+              ("decode", ("decode",), "batch", display("batch"))]
     for ax, (title, kinds, axis, xlabel) in zip(axes[0], panels):
         rows = predicted[predicted["kind"].isin(kinds)]
         held = rows["in_holdout"].astype(bool)
@@ -164,7 +209,7 @@ def roofline_efficiency(profile: pd.DataFrame) -> Figure:
     ax = axes[0, 1]
     for context, color, rows in _decode_by_context(profile):
         ax.plot(rows["batch"], rows["efficiency"] * 100, "o-", color=color, ms=3, label=f"{context} cached")
-    ax.set_xlabel("batch size B")
+    ax.set_xlabel(display("batch"))
     ax.set_ylabel("roofline efficiency (%)")
     ax.set_title("Decode")
     ax.legend(loc="best", ncol=2)
@@ -220,9 +265,12 @@ def _cap_colors(caps) -> dict:
 
 
 def ttft_vs_rate(latency: pd.DataFrame, percentile: float, slo_ms: float, today_rate: float,
-                 target_rate: float) -> Figure:
-    """p-th percentile TTFT (mean over seeds) vs arrival rate, a panel per policy, a line per cap."""
+                 target_rate: float) -> Figure | None:
+    """p-th percentile TTFT (mean over seeds) vs arrival rate, a panel per policy, a line per cap; None
+    when no cell keeps up (NO_STABLE_POINT)."""
     means = cell_means(latency, f"ttft_ms_p{percentile:g}")
+    if sweep_omission(means, ["mean"]):
+        return None
     policies = _policies(means)
     fig, axes = _figure(1, len(policies), height=3.9, sharey=True)
     stable_values = means["mean"].dropna()
@@ -235,6 +283,7 @@ def ttft_vs_rate(latency: pd.DataFrame, percentile: float, slo_ms: float, today_
     label_y = band_low * 10 ** (UNSTABLE_BAND_DECADES * 0.78)
     colors = _cap_colors(means["max_num_seqs"].unique())
     rates = sorted(means["rate"].unique())
+    drawn_caps, crosses = set(), False
     for ax, policy in zip(axes[0], policies):
         ax.axhspan(band_low, band_high, color=UNSTABLE_COLOR, alpha=0.18, lw=0)
         ax.text(0.5, label_y, "unstable: the queue grows", transform=ax.get_yaxis_transform(), ha="center",
@@ -242,9 +291,12 @@ def ttft_vs_rate(latency: pd.DataFrame, percentile: float, slo_ms: float, today_
         for cap, rows in means[means["policy"] == policy].groupby("max_num_seqs"):
             rows = rows.sort_values("rate")
             ok = rows["mean"].notna()
-            ax.plot(rows.loc[ok, "rate"], rows.loc[ok, "mean"], "o-", ms=3.5, color=colors[cap], label=f"cap {cap}")
+            if ok.any():
+                ax.plot(rows.loc[ok, "rate"], rows.loc[ok, "mean"], "o-", ms=3.5, color=colors[cap])
+                drawn_caps.add(cap)
             if (~ok).any():
                 ax.plot(rows.loc[~ok, "rate"], [unstable_y] * int((~ok).sum()), "x", ms=6, mew=1.5, color=colors[cap])
+                crosses = True
         ax.axhline(slo_ms, color=TARGET_COLOR, ls="--", lw=1.2)
         ax.text(0.98, slo_ms, f"SLO {slo_ms:g} ms", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
                 color=TARGET_COLOR, fontsize=7)
@@ -259,9 +311,11 @@ def ttft_vs_rate(latency: pd.DataFrame, percentile: float, slo_ms: float, today_
         ax.set_title(policy_label(policy))
         ax.set_xlabel("arrival rate (req/s, log)")
     axes[0, 0].set_ylabel(f"p{percentile:g} TTFT (ms, log)")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    handles.append(plt.Line2D([], [], marker="x", ls="", color="black"))
-    labels.append("unstable (no percentile)")
+    handles = [plt.Line2D([], [], marker="o", ms=3.5, color=colors[cap]) for cap in sorted(drawn_caps)]
+    labels = [f"cap {cap}" for cap in sorted(drawn_caps)]
+    if crosses:
+        handles.append(_unstable_handle())
+        labels.append("unstable (no percentile)")
     handles += [plt.Line2D([], [], color=TODAY_COLOR, ls=":"), plt.Line2D([], [], color=TODAY_COLOR, ls="-.")]
     labels += [f"today {today_rate:g} req/s", f"target {target_rate:g} req/s"]
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))
@@ -280,6 +334,7 @@ def capacity_per_cap(capacity: pd.DataFrame, today_rate: float, target_rate: flo
     positive = capacity["capacity_rps"][capacity["capacity_rps"] > 0]
     # a log axis: capacities span decades; a capacity of 0 (never met) sits on a marked floor row
     floor = min(float(positive.min()) if len(positive) else today_rate, today_rate) / 3
+    never_met = False
     for k, policy in enumerate(policies):
         offset = (k - (len(policies) - 1) / 2) * width
         for criterion, filled in (("ttft_slo", True), ("stable", False)):
@@ -290,21 +345,24 @@ def capacity_per_cap(capacity: pd.DataFrame, today_rate: float, target_rate: flo
             x = np.array([positions[c] for c in rows["max_num_seqs"]]) + offset
             y = rows["capacity_rps"].to_numpy(float)
             met = y > 0
-            # the capacity stage's interval (seeds and measured speed band) when it wrote one, else the seeds'
-            lo_rps, hi_rps = rows["capacity_min_rps"].astype(float), rows["capacity_max_rps"].astype(float)
-            if "interval_lo_rps" in rows:
-                lo_rps = rows["interval_lo_rps"].astype(float).fillna(lo_rps)
-                hi_rps = rows["interval_hi_rps"].astype(float).fillna(hi_rps)
-            low = np.maximum(lo_rps.to_numpy(float), floor)
-            yerr = np.vstack([y - low, hi_rps.to_numpy(float) - y])[:, met]
+            # the planner's interval of each capacity (the one the verdicts use)
+            interval = np.array([_capacity_row(capacity, criterion, policy, cap)["interval"] or [np.nan, np.nan]
+                                 for cap in rows["max_num_seqs"]], dtype=float).reshape(-1, 2)
+            low = np.maximum(interval[:, 0], floor)
+            yerr = np.vstack([y - low, interval[:, 1] - y])[:, met]
             label = f"{policy_label(policy)}: {'TTFT SLO met' if filled else 'keeps up at all'}"
-            ax.errorbar(x[met], y[met], yerr=yerr, fmt=POLICY_MARKERS.get(policy, "o"), color=POLICY_COLORS.get(policy),
-                        mfc=POLICY_COLORS.get(policy) if filled else "white", ms=6, capsize=3, label=label)
-            ax.plot(x[~met], [floor] * int((~met).sum()), "x", color=POLICY_COLORS.get(policy), ms=6, mew=1.5)
+            if met.any():
+                ax.errorbar(x[met], y[met], yerr=yerr, fmt=POLICY_MARKERS.get(policy, "o"), color=POLICY_COLORS.get(policy),
+                            mfc=POLICY_COLORS.get(policy) if filled else "white", ms=6, capsize=3, label=label)
+            if (~met).any():
+                never_met = True
+                ax.plot(x[~met], [floor] * int((~met).sum()), "x", color=POLICY_COLORS.get(policy), ms=6, mew=1.5)
     ax.axhline(target_rate, color=TARGET_COLOR, ls="--", lw=1.2, label=f"target {target_rate:g} req/s")
     ax.axhline(today_rate, color=TODAY_COLOR, ls=":", lw=1.0, label=f"today {today_rate:g} req/s")
     ax.set_xticks(range(len(caps)), [str(c) for c in caps])
-    ax.set_xlabel("batch cap (max_num_seqs)")
+    ax.set_xlabel(CAP_AXIS)
+    if never_met:
+        ax.plot([], [], "x", color="black", mew=1.5, label="never met (capacity 0)")
     ax.axhspan(floor / 1.4, floor * 1.4, color=UNSTABLE_COLOR, alpha=0.18, lw=0)
     ax.text(0.01, floor, "never met", transform=ax.get_yaxis_transform(), va="center", fontsize=7, color="#555555")
     ax.set_yscale("log")
@@ -316,9 +374,12 @@ def capacity_per_cap(capacity: pd.DataFrame, today_rate: float, target_rate: flo
     return fig
 
 
-def attainment_heatmap(latency: pd.DataFrame, percent_good_label: str) -> Figure:
-    """Share of requests meeting every bound, per cap and rate, a panel per policy."""
+def attainment_heatmap(latency: pd.DataFrame, percent_good_label: str) -> Figure | None:
+    """Share of requests meeting every bound, per cap and rate, a panel per policy; None when no cell
+    keeps up (NO_STABLE_POINT)."""
     means = cell_means(latency, "attainment")
+    if sweep_omission(means, ["mean"]):
+        return None
     policies = _policies(means)
     rates = sorted(means["rate"].unique())
     caps = sorted(means["max_num_seqs"].unique())
@@ -346,54 +407,83 @@ def attainment_heatmap(latency: pd.DataFrame, percent_good_label: str) -> Figure
         ax.set_xlabel("arrival rate (req/s)")
         ax.set_title(policy_label(policy))
         ax.grid(False)
-    axes[0, 0].set_ylabel("batch cap")
+    axes[0, 0].set_ylabel(CAP_AXIS)
     fig.colorbar(image, ax=axes[0].tolist(), label=percent_good_label, shrink=0.9)
     return fig
+
+
+def _by_cap_panels(means: pd.DataFrame, rates: dict) -> dict:
+    """The panels of `rates` ({label: rate}) with something to show: a stable cell whose value is not zero."""
+    def shows(rate):
+        at_rate = means[np.isclose(means["rate"], rate)]
+        values = _defined(at_rate["mean"])[at_rate["stable"].to_numpy(bool)]
+        return bool((np.isfinite(values) & (values != 0)).any())
+    return {label: rate for label, rate in rates.items() if shows(rate)}
+
+
+def by_cap_omission(latency: pd.DataFrame, column: str, rates: dict) -> str | None:
+    """Why by_cap(latency, column, rates, ...) draws nothing: NO_STABLE_POINT when no cell at these rates
+    keeps up, ALL_ZERO when every stable value is zero; None when it draws a figure."""
+    means = cell_means(latency, column)
+    if _by_cap_panels(means, rates):
+        return None
+    at_rates = means[np.isclose(means["rate"].to_numpy(float)[:, None], list(rates.values())).any(axis=1)]
+    stable_values = np.isfinite(_defined(at_rates["mean"])[at_rates["stable"].to_numpy(bool)])
+    return ALL_ZERO if stable_values.any() else NO_STABLE_POINT
 
 
 def by_cap(latency: pd.DataFrame, column: str, rates: dict, ylabel: str, title: str,
            reference: dict | None = None) -> Figure | None:
     """`column` (mean over seeds, bars min-max) vs cap, a line per policy, a panel per rate in `rates`
-    ({label: rate}); unstable cells, which have no percentile or goodput, are crosses on the axis floor.
-    A panel whose every value is zero is left out; None when that leaves no panel. `reference` maps a
-    panel label to (y, text) of a horizontal line."""
+    ({label: rate}); unstable cells, which have no percentile or goodput, are crosses in a band above the
+    values. A panel with no stable non-zero value is left out; None when that leaves no panel (see
+    by_cap_omission). `reference` maps a panel label to (y, text) of a horizontal line."""
     means = cell_means(latency, column)
-    rates = {label: rate for label, rate in rates.items()
-             if not (means[np.isclose(means["rate"], rate)]["mean"].fillna(0) == 0).all()
-             or not means[np.isclose(means["rate"], rate)]["stable"].all()}
+    rates = _by_cap_panels(means, rates)
     if not rates:
         return None
+    shown = means[np.isclose(means["rate"].to_numpy(float)[:, None], list(rates.values())).any(axis=1)]
+    top = float(np.nanmax(_defined(shown["max"]).tolist() + _defined(shown["mean"]).tolist()))
+    for label in rates:
+        if reference and label in reference:
+            top = max(top, float(reference[label][0]))
     fig, axes = _figure(1, len(rates), height=3.4, sharey=True)
+    handles, labels, crosses = [], [], False
     for ax, (label, rate) in zip(axes[0], rates.items()):
         at_rate = means[np.isclose(means["rate"], rate)]
+        unstable = []
         for policy in _policies(at_rate):
             rows = at_rate[at_rate["policy"] == policy].sort_values("max_num_seqs")
             y = _defined(rows["mean"])
-            yerr = np.vstack([y - _defined(rows["min"]), _defined(rows["max"]) - y])
+            stable = rows["stable"].to_numpy(bool) & np.isfinite(y)
+            caps = rows["max_num_seqs"].to_numpy()
             color = POLICY_COLORS.get(policy)
-            ax.errorbar(rows["max_num_seqs"], y, yerr=yerr, fmt="-", color=color, capsize=2, lw=1,
-                        label=policy_label(policy))
-            stable = rows["stable"].to_numpy(bool)
+            unstable.append((caps[~rows["stable"].to_numpy(bool)], color))
+            if not stable.any():
+                continue
+            yerr = np.vstack([y - _defined(rows["min"]), _defined(rows["max"]) - y])
+            ax.errorbar(caps, y, yerr=yerr, fmt="-", color=color, capsize=2, lw=1)
             marker = POLICY_MARKERS.get(policy, "o")
-            ax.plot(rows["max_num_seqs"].to_numpy()[stable], y[stable], marker, color=color, ms=5, ls="")
-            ax.plot(rows["max_num_seqs"].to_numpy()[~stable], [0.03] * int((~stable).sum()), "x", color=color, ms=6,
-                    mew=1.5, ls="", transform=ax.get_xaxis_transform())
+            ax.plot(caps[stable], y[stable], marker, color=color, ms=5, ls="")
+            if policy_label(policy) not in labels:
+                handles.append(plt.Line2D([], [], color=color, marker=marker, ms=5, lw=1))
+                labels.append(policy_label(policy))
         if reference and label in reference:
             value, text = reference[label]
             ax.axhline(value, color=TARGET_COLOR, ls="--", lw=1.1)
             ax.text(0.98, value, text, transform=ax.get_yaxis_transform(), ha="right", va="bottom",
                     color=TARGET_COLOR, fontsize=7)
+        crosses |= _unstable_band(ax, top, unstable)
         ax.set_xscale("log", base=2)
         caps = sorted(at_rate["max_num_seqs"].unique())
         ax.set_xticks(caps, [str(c) for c in caps])
         ax.minorticks_off()
-        ax.set_xlabel("batch cap (max_num_seqs, log)")
+        ax.set_xlabel(f"{CAP_AXIS}, log")
         ax.set_title(f"{label}: {rate:g} req/s")
-        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0))
     axes[0, 0].set_ylabel(ylabel)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    handles.append(plt.Line2D([], [], marker="x", color="black", ls=""))
-    labels.append("unstable: the queue grows (no value)")
+    if crosses:
+        handles.append(_unstable_handle())
+        labels.append("unstable: the queue grows (no value)")
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels))
     fig.suptitle(title)
     return fig
@@ -433,7 +523,7 @@ def memory_bars(memory: pd.DataFrame, budget_bytes: float) -> Figure:
                 bar(x, used_gb, POLICY_COLORS.get(name), None, f"KV used at peak: {policy_label(name)}")
     ax.axhline(budget_bytes / 1e9, color=TARGET_COLOR, ls="--", lw=1.2, label=f"budget {budget_bytes / 1e9:g} GB")
     ax.set_xticks(range(len(caps)), [str(c) for c in caps])
-    ax.set_xlabel("batch cap (max_num_seqs)")
+    ax.set_xlabel(CAP_AXIS)
     ax.set_ylabel("memory (GB, decimal)")
     ax.set_title("Weights + KV cache per cap")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
@@ -441,19 +531,25 @@ def memory_bars(memory: pd.DataFrame, budget_bytes: float) -> Figure:
 
 
 def cost_vs_replicas(price_per_hour: float, tokens_per_s: float, target_per_1k: float, max_replicas: int,
-                     marks: dict) -> Figure:
-    """Dollars per 1,000 output tokens at today's traffic for 1..max_replicas machines; `marks` maps a
-    label to a replica count to highlight."""
+                     marks: dict, chosen: tuple[str, int] | None = None) -> Figure:
+    """Dollars per 1,000 output tokens at today's traffic for 1..max_replicas machines (money.py's one
+    formula); `marks` maps a label to a replica count to highlight; `chosen` = (label, replicas) marks the
+    fleet the decision picks (or its closest option), drawn filled and named first in the legend."""
     fig, axes = _figure(height=3.3)
     ax = axes[0, 0]
     replicas = np.arange(1, max_replicas + 1)
-    cost = price_per_hour * replicas / 3600.0 / tokens_per_s * 1000.0
+    cost = [money.cost_per_1k_tokens(price_per_hour, int(r), tokens_per_s) for r in replicas]
+    if chosen is not None:
+        label, count = chosen
+        ax.plot([count], [money.cost_per_1k_tokens(price_per_hour, count, tokens_per_s)], "*", ms=15,
+                color="#009E73", mec="black", mew=0.6, zorder=5, label=label)
+        ax.axvline(count, color="#009E73", ls="--", lw=1)
     ax.plot(replicas, cost, "o-", ms=3, color="#1f77b4", label=f"${price_per_hour:g}/h per machine")
     ax.axhline(target_per_1k, color=TARGET_COLOR, ls="--", lw=1.2, label=f"target ${target_per_1k:g}")
     for k, (label, count) in enumerate(sorted(marks.items())):
-        value = price_per_hour * count / 3600.0 / tokens_per_s * 1000.0
-        ax.plot([count], [value], "D", ms=8, mfc="none", mew=1.5, color=plt.cm.tab10(k + 2), label=label)
-    ax.set_xlabel("machines (replicas)")
+        ax.plot([count], [money.cost_per_1k_tokens(price_per_hour, count, tokens_per_s)], "D", ms=8, mfc="none",
+                mew=1.5, color=plt.cm.tab10(k + 2), label=label)
+    ax.set_xlabel(display("replicas"))
     ax.set_ylabel("$ per 1,000 output tokens")
     ax.set_title(f"Cost at today's traffic ({tokens_per_s:.0f} output tokens/s)")
     ax.set_ylim(bottom=0)
@@ -502,7 +598,7 @@ def exercise2_curve(curve: pd.DataFrame, a_ms: float, b_ms: float, budget_ms: fl
     ax.plot(batches, a_ms + b_ms * batches, color="#1f77b4", lw=1, label=f"a + b·B = {a_ms:.3g} + {b_ms:.3g}·B ms")
     ax.axhline(budget_ms, color=TARGET_COLOR, ls="--", lw=1.2, label=f"TPOT budget {budget_ms:g} ms")
     ax.axvline(naive_cap, color=TODAY_COLOR, ls=":", lw=1, label=f"largest B within budget: {naive_cap}")
-    ax.set_xlabel("batch size B")
+    ax.set_xlabel(f"{display('batch')}, B")
     ax.set_ylabel("decode step latency (ms)")
     right = ax.twinx()
     right.plot(curve["batch"], curve["tokens_per_s"], "s--", ms=3, color="#2ca02c", label="throughput")
@@ -516,59 +612,89 @@ def exercise2_curve(curve: pd.DataFrame, a_ms: float, b_ms: float, budget_ms: fl
     return fig
 
 
-def exercise2_caps(means: pd.DataFrame, naive_cap: int, best_cap: int | None, tpot_budget_ms: float) -> Figure:
-    """Share of requests meeting the SLO, and p95 TPOT, per cap of the exercise's sweep, one line per
-    reading of the curve; unstable caps (no share, no percentile) are crosses on the axis floor."""
+EX2_READING_STYLES = {"per_kv_token": ("#0072B2", "o", "curve read per KV token"),
+                      "per_sequence": ("#E69F00", "s", "curve read per sequence (literal)")}
+
+
+def exercise2_caps(means: pd.DataFrame, naive_cap: int, picked_cap: int | None, tpot_budget_ms: float) -> Figure | None:
+    """Share of requests meeting the SLO (attainment), and p95 TPOT, per cap of the exercise's sweep, one
+    line per reading of the curve; unstable caps (no share, no percentile) are crosses in a band above the
+    values. Marks the cap the answers pick (answers["pick"]["picked_cap"]) and the curve's cap. None when no
+    cap keeps up under either reading (sweep_omission)."""
+    if sweep_omission(means, ["attainment", "tpot_ms_p95"]):
+        return None
     fig, axes = _figure(1, 2, height=3.4)
-    styles = {"per_kv_token": ("#0072B2", "o", "curve per KV token"), "per_sequence": ("#E69F00", "s", "curve per sequence")}
-    for reading, rows in means.groupby("reading", sort=True):
-        color, marker, name = styles.get(reading, ("#000000", "o", reading))
-        rows = rows.sort_values("max_num_seqs")
-        caps = rows["max_num_seqs"].to_numpy(int)
-        stable = rows["stable"].astype(bool).to_numpy()
-        for ax, y in ((axes[0, 0], _defined(rows["attainment"]) * 100), (axes[0, 1], _defined(rows["tpot_ms_p95"]))):
-            ax.plot(caps[stable], y[stable], marker + "-", color=color, label=name)
-            ax.plot(caps[~stable], [0.03] * int((~stable).sum()), "x", color=color, ms=7, mew=1.5,
-                    transform=ax.get_xaxis_transform(), label=f"{name}: unstable (no value)")
-    axes[0, 1].axhline(tpot_budget_ms, color=TARGET_COLOR, ls="--", lw=1.2, label=f"TPOT budget {tpot_budget_ms:g} ms")
-    for ax, ylabel in ((axes[0, 0], "requests meeting the SLO (%)"), (axes[0, 1], "p95 TPOT (ms)")):
-        if best_cap is not None:
-            ax.axvline(best_cap, color="#009E73", ls="--", lw=1, label=f"best simulated cap {best_cap}")
-        ax.axvline(naive_cap, color=TODAY_COLOR, ls=":", lw=1, label=f"curve's cap {naive_cap}")
-        caps = sorted(means["max_num_seqs"].astype(int).unique())
+    panels = ((axes[0, 0], "attainment", 100.0, "requests meeting the SLO (%)"), (axes[0, 1], "tpot_ms_p95", 1.0, "p95 TPOT (ms)"))
+    handles, labels, crosses = [], [], False
+    all_caps = sorted(means["max_num_seqs"].astype(int).unique())
+    for ax, column, scale, ylabel in panels:
+        unstable = []
+        top = 100.0 if column == "attainment" else tpot_budget_ms
+        for reading, rows in means.groupby("reading", sort=True):
+            color, marker, name = EX2_READING_STYLES[reading]
+            rows = rows.sort_values("max_num_seqs")
+            caps = rows["max_num_seqs"].to_numpy(int)
+            y = _defined(rows[column]) * scale
+            stable = rows["stable"].astype(bool).to_numpy() & np.isfinite(y)
+            unstable.append((caps[~rows["stable"].astype(bool).to_numpy()], color))
+            if stable.any():
+                ax.plot(caps[stable], y[stable], marker + "-", color=color)
+                top = max(top, float(y[stable].max()))
+                if name not in labels:
+                    handles.append(plt.Line2D([], [], color=color, marker=marker))
+                    labels.append(name)
+        if column == "tpot_ms_p95":
+            ax.axhline(tpot_budget_ms, color=TARGET_COLOR, ls="--", lw=1.2)
+        crosses |= _unstable_band(ax, top, unstable)
+        if picked_cap is not None:
+            ax.axvline(picked_cap, color="#009E73", ls="--", lw=1.2)
+        ax.axvline(naive_cap, color=TODAY_COLOR, ls=":", lw=1)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(caps, [str(c) for c in caps])
+        ax.set_xticks(all_caps, [str(c) for c in all_caps])
         ax.minorticks_off()
-        ax.set_xlabel("batch cap (max_num_seqs, log)")
+        ax.set_xlabel(f"{CAP_AXIS}, log")
         ax.set_ylabel(ylabel)
-    axes[0, 0].set_ylim(0, 105)
-    axes[0, 1].set_ylim(bottom=0)
-    handles, labels = [], []
-    for ax in axes[0]:
-        for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
-                handles.append(h)
-                labels.append(l)
+    handles.append(plt.Line2D([], [], color=TARGET_COLOR, ls="--", lw=1.2))
+    labels.append(f"TPOT budget {tpot_budget_ms:g} ms")
+    if picked_cap is not None:
+        handles.append(plt.Line2D([], [], color="#009E73", ls="--", lw=1.2))
+        labels.append(f"picked cap {picked_cap} (the answers use it)")
+    handles.append(plt.Line2D([], [], color=TODAY_COLOR, ls=":", lw=1))
+    labels.append(f"curve's cap {naive_cap}")
+    if crosses:
+        handles.append(_unstable_handle())
+        labels.append("unstable: the queue grows (no value)")
     fig.legend(handles, labels, loc="outside lower center", ncol=3)
     return fig
 
 
-def exercise2_chunks(means: pd.DataFrame, bound_ms: float) -> Figure:
-    """Worst inter-token gaps vs prefill chunk size, against the inter-token bound."""
+def exercise2_chunks(means: pd.DataFrame, bound_ms: float) -> Figure | None:
+    """Worst inter-token gaps vs prefill chunk size at the picked cap (the sweep's max_num_seqs), against
+    the inter-token bound; chunks whose queue grows have no gap and are crosses in a band above the
+    values. None when no chunk keeps up (sweep_omission)."""
+    if sweep_omission(means, ["itl_ms_p99", "itl_ms_max"]):
+        return None
     fig, axes = _figure(height=3.2)
     ax = axes[0, 0]
     chunks = means["chunk_size"].to_numpy(int)
-    ax.plot(chunks, _defined(means["itl_ms_p99"]), "o-", color="#D55E00", label="p99 inter-token gap")
-    ax.plot(chunks, _defined(means["itl_ms_max"]), "s--", color="#E69F00", label="largest inter-token gap")
-    unstable = ~means["stable"].astype(bool).to_numpy()
-    ax.plot(chunks[unstable], [0.03] * int(unstable.sum()), "x", color="black", ms=7, mew=1.5, ls="",
-            transform=ax.get_xaxis_transform(), label="unstable: the queue grows (no value)")
+    stable = means["stable"].astype(bool).to_numpy()
+    top = bound_ms
+    for column, style, color, label in (("itl_ms_p99", "o-", "#D55E00", "p99 inter-token gap"),
+                                        ("itl_ms_max", "s--", "#E69F00", "largest inter-token gap")):
+        y = np.where(stable, _defined(means[column]), np.nan)
+        if np.isfinite(y).any():
+            ax.plot(chunks, y, style, color=color, label=label)
+            top = max(top, float(np.nanmax(y)))
     ax.axhline(bound_ms, color=TARGET_COLOR, ls=":", lw=1.2, label=f"bound {bound_ms:g} ms")
+    if _unstable_band(ax, top, [(chunks[~stable], "black")]):
+        ax.plot([], [], "x", color="black", mew=1.5, label="unstable: the queue grows (no value)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(chunks, [str(c) for c in chunks])
     ax.minorticks_off()
-    ax.set_xlabel("prefill chunk size (tokens, log)")
+    ax.set_xlabel(f"{display('chunk_size')}, log")
     ax.set_ylabel("inter-token gap (ms)")
-    ax.set_title("Inter-token stalls vs chunk size (chunked prefill, best cap)")
+    caps = sorted(means["max_num_seqs"].dropna().astype(int).unique())
+    at = f"picked cap {caps[0]}" if len(caps) == 1 else "picked cap"
+    ax.set_title(f"Inter-token stalls vs chunk size ({policy_label(EX2_POLICY)}, {at})")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
