@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+import jinja2
 import numpy as np
 import pandas as pd
 import pytest
@@ -489,7 +490,8 @@ def test_measured_serving_memory_and_speed_warning_are_shown(reports):
 
 def test_each_section_is_declared_once_and_the_page_templates_lay_out_none():
     env = environment()
-    declared = {name for name in dir(env.get_template("report.sections.j2").module) if name.startswith("section_")}
+    parsed = env.parse((TEMPLATE_DIR / "report.sections.j2").read_text())
+    declared = {macro.name for macro in parsed.find_all(jinja2.nodes.Macro) if macro.name.startswith("section_")}
     assert declared == {f"section_{section.id}" for section in OUTLINE}
     for shell in ("report.html.j2", "report.md.j2"):
         source = (TEMPLATE_DIR / shell).read_text()
@@ -516,6 +518,16 @@ def test_a_section_declared_once_renders_the_same_blocks_in_html_and_markdown(re
             words = html_lib.unescape(re.sub(r"<[^>]+>", "", paragraph)).split()[:8]
             plain_md = html_lib.unescape(md_part).replace("\\", "")
             assert " ".join(words) in " ".join(plain_md.split()), (section_id, words)
+
+
+def test_a_figure_with_nothing_stable_is_replaced_by_its_sentence(reports):
+    report = reports["unstable"]
+    md, html = report["md"].read_text(), report["html"].read_text()
+    # no configuration keeps up at today's or the target rate: goodput and the inter-token gap have nothing to draw
+    for name, title in (("goodput", "Goodput per cap"), ("itl", "The p99 inter-token gap per cap")):
+        assert not (report["md"].parent / "figures" / f"{name}.png").exists()
+        sentence = f"{title} is not drawn: no configuration it covers keeps up, so it has no stable point to show."
+        assert sentence in md and f"<p>{sentence}</p>" in html
 
 
 def test_markdown_has_no_quote_entities_and_no_joined_sentences(reports):
@@ -575,7 +587,7 @@ def test_first_screen_opens_with_the_pick_and_one_line_per_machine(decided):
     pick = decision["pick"]
     assert summary[0].startswith("Pick: 1 × NVIDIA T4 (16 GB), estimated, running continuous + chunked prefill with at "
                                  "most 16 concurrent sequences, the cheapest of the 3 options ranked")
-    assert "$0.00096 (0.00082 to $0.0011)" in summary[0]
+    assert "$0.00096 ($0.00082 to $0.0011)" in summary[0]
     machine_lines = [line for line in summary if line.startswith("- ")]
     assert len(machine_lines) == len(decision["machines"])
     for line, machine in zip(machine_lines, decision["machines"]):
@@ -589,6 +601,10 @@ def test_first_screen_opens_with_the_pick_and_one_line_per_machine(decided):
         [(o["display_name"], o["replicas"]) for o in decision["options"]]
     assert "pass: 11 req/s (9.4 to 14)" in options[0][3]
     assert pick["machine"] not in first_screen(decided["md"])
+    # both routes to the targets: faster prefill, more machines, and the cheapest mix of the two
+    routes = next(line for line in summary if line.startswith("Two routes lead"))
+    assert "prefill is 2.2× as fast (1.9 to 2.6×)" in routes and "10 replicas (9 to 12) keep up" in routes
+    assert "3 machines each 2.2× as fast, at $0.0017 ($0.0015 to $0.002)" in routes
     assert re.search(r'<table id="options">', decided["html"])
 
 

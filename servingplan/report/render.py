@@ -45,7 +45,7 @@ from servingplan.findings import sweep_seeds, workload_traces
 from servingplan.costmodel import DECODE_KEYS, PREFILL_KEYS, CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
-from servingplan.report import blocks, figures
+from servingplan.report import blocks, figures, names
 from servingplan.report import measurement
 from servingplan.report.outline import OUTLINE
 from servingplan.sim import policies
@@ -592,6 +592,11 @@ def provenance(inputs: Mapping, config_hash: str, machine_fingerprint: str, log_
 
 # -- rendering -----------------------------------------------------------------------------------------
 
+# every figure the report may show, in the order build_figures makes them
+FIGURE_NAMES = ("workload", "ttft_vs_rate", "capacity", "attainment", "goodput", "preemptions", "itl", "memory", "cost",
+                "ex2_curve", "ex2_caps", "ex2_chunks")
+
+
 def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[str, bytes]:
     slo, workload = config["slo"], config["workload"]
     today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
@@ -615,8 +620,7 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
                                              ex2["2.1"]["least_squares"]["b_ms"], ex2["2.2"]["tpot_budget_ms"],
                                              ex2["2.2"]["b_max"]),
         "ex2_caps": figures.exercise2_caps(seed_means(run.ex2_caps, "max_num_seqs"), ex2["2.2"]["b_max"],
-                                           ex2["2.4"]["readings"]["per_kv_token"]["best_cap"],
-                                           ex2["2.2"]["tpot_budget_ms"]),
+                                           ex2["pick"]["picked_cap"], ex2["2.2"]["tpot_budget_ms"]),
         "ex2_chunks": figures.exercise2_chunks(seed_means(run.ex2_chunks, "chunk_size"), ex2["2.3"]["itl_bound_ms"]),
     }
     if run.measured:
@@ -631,8 +635,21 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
         made["validation_ttft"] = figures.ttft_scatter(run.validation.requests)
         if any(row["batch"] > 0 for row in run.validation.meta["steps_by_batch"]):
             made["steps_by_batch"] = measurement.steps_by_batch_figure(run.validation.meta)
-    # a figure with nothing but zeros to plot is left out; the report says so where it would stand
+    # a figure with nothing stable or nothing but zeros to draw is left out; the report says why where it would stand
     return {name: figures.png_bytes(fig) for name, fig in made.items() if fig is not None}
+
+
+# the figures drawn by figures.by_cap, whose omission has either reason; every other figure is left out
+# only when nothing it covers keeps up
+BY_CAP_FIGURES = {"goodput": "goodput_rps", "preemptions": "preemptions", "itl": "itl_ms_p99"}
+
+
+def figure_omissions(run: RunResults, config: dict, figure_png: dict) -> dict[str, str]:
+    """Why each figure left out is missing: figures.NO_STABLE_POINT or figures.ALL_ZERO."""
+    rates = {"today": float(config["workload"]["rate"]), "target": float(config["slo"]["capacity_target_rate"])}
+    return {name: figures.by_cap_omission(run.latency, BY_CAP_FIGURES[name], rates) if name in BY_CAP_FIGURES
+            else figures.NO_STABLE_POINT
+            for name in FIGURE_NAMES if name not in figure_png}
 
 
 def build_context(run: RunResults, config: dict, provenance_record: dict, traces) -> dict:
@@ -675,7 +692,7 @@ def environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
     )
     env.filters.update(FILTERS)
-    env.globals["verdict_cell"] = blocks.Verdict
+    env.globals.update(verdict_cell=blocks.Verdict, display=names.display, NO_STABLE_POINT=figures.NO_STABLE_POINT)
     return env
 
 
@@ -764,6 +781,7 @@ def write_report(inputs: Mapping, config: dict, config_hash: str, machine_finger
     record = provenance(inputs, config_hash, machine_fingerprint, log_dir)
     context = {**build_context(run, config, record, traces), "sources": table_sources(inputs, html_path)}
     figure_png = build_figures(run, config, context, traces)
+    context["figure_omissions"] = figure_omissions(run, config, figure_png)
     html, md = render(context, figure_png)
 
     figure_dir = Path(md_path).parent / FIGURE_DIR_NAME
