@@ -4,8 +4,8 @@
                  log_dir) -> None
 
 `inputs` maps the report rule's input names (machine, profile, fit_report, ...) to paths, or to lists
-of paths (fleet: the planner's fleet cells); the three validation files and the fleet cells are
-optional. A run whose cost model was imported (config `costmodel.source` a file) has no profile, fit
+of paths (fleet: the planner's fleet cells); the three validation files, the fleet cells and the
+cross-machine decision (results/plan/decision.json, whose pick opens the first screen) are optional. A run whose cost model was imported (config `costmodel.source` a file) has no profile, fit
 or validation: its `machine` is the sizes derived from the architecture (`measured: false`), and the
 report says where the cost model came from instead. Every number the report shows is read from those
 files or from the run's config; every comparison and pick among them is the planner's (results/plan/
