@@ -110,7 +110,7 @@ def test_snakemake_report_shows_the_key_outputs_with_their_captions(pipeline):
     page = (pipeline / "results/snakemake_report.html").read_text()
     for name in ("report.html", "report.md", "recommendation.json", "latency.csv", "capacity.csv", "memory.csv",
                  "costmodel.json", "predicted_vs_measured.csv", "comparison.csv", "answers.json", "workload.json",
-                 "workload.png", "ttft_vs_rate.png"):
+                 "workload.png", "capacity.png"):
         assert name in page, name
     for caption in sorted((ROOT / "reports" / "captions").glob("*.rst")):
         first_line = caption.read_text().splitlines()[0]
