@@ -12,6 +12,30 @@ MEASURED_INPUTS = dict(
 ) if PROFILED else {}
 
 
+# The comparisons the report states about the simulations, decided by the planner (servingplan/findings.py)
+rule findings:
+    input:
+        latency=f"results/machines/{HERE}/latency.csv",
+        capacity=f"results/machines/{HERE}/capacity.csv",
+        chunks=f"results/machines/{HERE}/chunk_sweep.csv",
+        costmodel=COSTMODEL,
+        trace=TRACE_FILE,
+        code=sources("findings.py", "seeds.py", "workload.py", "costmodel.py"),
+    output:
+        "results/plan/findings.json",
+    params:
+        slo=config_keys(config["slo"]),
+        workload=config_keys(config["workload"]),
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    log:
+        "results/logs/findings.log",
+    script:
+        "../scripts/findings.py"
+
+
 rule report:
     input:
         **MEASURED_INPUTS,
@@ -27,6 +51,7 @@ rule report:
         fleet=expand(f"results/machines/{HERE}/fleet/cells/{{cell}}.json", cell=CELLS),
         decision=rules.decide.output.decision,
         hardware=rules.decide.output.hardware,
+        findings=rules.findings.output[0],
         exercise2=rules.exercise2.output.answers,
         ex2_caps=rules.exercise2.output.cap_sweep,
         ex2_chunks=rules.exercise2.output.chunk_sweep,

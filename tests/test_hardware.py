@@ -10,12 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from markupsafe import escape
 
 import test_report
 from servingplan import architecture, hardware, planner
 from servingplan.config import ConfigError, check, simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_json
+from servingplan.report import blocks, names
 from servingplan.report.render import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,7 +201,7 @@ def render_with_targets(root: Path) -> dict:
     logs.mkdir()
     write_report(inputs, config, "abc123def456", "0123456789", out / "report.html", out / "report.md",
                  out / "provenance.json", logs)
-    return {"html": (out / "report.html").read_text(), "md": (out / "report.md").read_text(),
+    return {"html": (out / "report.html").read_text(), "md": (out / "report.md").read_text(), "config": config,
             "verdicts": verdicts, "recommendation": read_json(inputs["recommendation"])}
 
 
@@ -252,10 +254,12 @@ def test_html_and_markdown_give_each_targets_verdicts_as_a_roofline_estimate(har
     for target in hardware_report["verdicts"]:
         expected = ["pass" if row["passed"] else "fail" for row in target["recommendation"]["verdict"]]
         name = target["name"]
-        heading = f"{name}: an estimate from the roofline, not a measurement"
-        assert f"### {heading}" in section
+        # the heading names the machine by its display name, never its config name
+        shown = names.display(name, hardware_report["config"]["hardware"])
+        heading = f"{escape(shown)}: an estimate from the roofline, not a measurement"
+        assert f"### {blocks.md(shown)}: an estimate from the roofline, not a measurement" in section
         assert f'<h3 id="hardware-{name}">{heading}</h3>' in html_section
-        md_part = section.split(f"### {heading}", 1)[1].split("### ", 1)[0]
+        md_part = section.split(f"### {blocks.md(shown)}: an estimate", 1)[1].split("### ", 1)[0]
         rows = [line for line in md_part.splitlines() if re.match(r"\| (Latency|Capacity|Memory|Cost) \|", line)]
         assert [row.rstrip(" |").rsplit("| ", 1)[1] for row in rows] == expected
         html_part = html_section.split(heading, 1)[1].split("<h3", 1)[0]

@@ -13,6 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from markupsafe import escape
+
+from servingplan.report import blocks, names
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = "config/quick.yaml"
@@ -84,8 +87,11 @@ def test_the_report_gives_each_hardware_target_its_verdicts_as_a_roofline_estima
     md = (pipeline / "results/report/report.md").read_text()
     for target in verdicts:
         assert {row["target"] for row in target["recommendation"]["verdict"]} == {"latency", "capacity", "memory", "cost"}
-        heading = f"{target['name']}: an estimate from the roofline, not a measurement"
-        assert f"### {heading}" in md and f">{heading}</h3>" in html
+        # named by its display name (its description, or its name made readable), never its config name
+        shown = names.display(target["name"], config["hardware"])
+        heading = ": an estimate from the roofline, not a measurement"
+        assert f"### {blocks.md(shown)}{heading}" in md and f">{escape(shown)}{heading}</h3>" in html
+        assert f"### {target['name']}" not in md
 
 
 def test_the_console_shows_each_long_stages_progress_and_no_empty_shell_commands(quick_pipeline):
@@ -105,7 +111,7 @@ def test_snakemake_report_shows_the_key_outputs_with_their_captions(pipeline):
     page = (pipeline / "results/snakemake_report.html").read_text()
     for name in ("report.html", "report.md", "recommendation.json", "latency.csv", "capacity.csv", "memory.csv",
                  "costmodel.json", "predicted_vs_measured.csv", "comparison.csv", "answers.json", "workload.json",
-                 "workload.png", "ttft_vs_rate.png"):
+                 "workload.png", "capacity.png"):
         assert name in page, name
     for caption in sorted((ROOT / "reports" / "captions").glob("*.rst")):
         first_line = caption.read_text().splitlines()[0]

@@ -7,10 +7,12 @@ from a known cost model, because measuring needs torch and minutes.
 """
 from __future__ import annotations
 
+import html as html_lib
 import json
 import re
 from pathlib import Path
 
+import jinja2
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,10 +21,11 @@ import yaml
 from servingplan import exercise2, planner
 from servingplan.config import simulation_seeds
 from servingplan.costmodel import CostModel
+from servingplan.findings import findings
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.profiling.fit import fit_profile
 from servingplan.report.outline import OUTLINE
-from servingplan.report.render import environment, write_report
+from servingplan.report.render import TEMPLATE_DIR, environment, write_report
 from servingplan.serving.replay import compare, request_pairs
 from servingplan.sim import simulate
 from servingplan.profiling.measure import speed_summary
@@ -30,6 +33,8 @@ from servingplan.validation import agreement, headline, steps_by_batch
 from servingplan.workload import generate
 
 ROOT = Path(__file__).resolve().parent.parent
+# contract 2 of the helpers' notes: the planner's cross-machine decision, as results/plan/decision.json
+DECISION_FIXTURE = Path(__file__).parent / "data" / "decision.json"
 HOSTILE_TITLE = 'Sizing <script>alert("x")</script> & co'
 
 # Three machines: one fast enough for every target, one that keeps up but misses them all (with a
@@ -200,7 +205,8 @@ def serving_memory(validation: dict | None) -> dict | None:
             "profiler_peak_rss_bytes": None}
 
 
-def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_validation: bool = True):
+def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_validation: bool = True,
+              with_decision: bool = False):
     """Every input of the report rule for `scenario`, written under `directory`: (inputs, config)."""
     config = small_config(scenario, title)
     cost = SCENARIOS[scenario]["cost"]
@@ -251,6 +257,12 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
                                                           config["cost"], config["slo"], config["workload"], seeds,
                                                           step_model=fitted, machine=meta,
                                                           serving_memory=serving_memory(validation)))
+    paths["findings"] = d / "findings.json"
+    write_json(paths["findings"], findings(latency, capacity, pd.read_csv(paths["chunks"]), fitted, config["slo"],
+                                           config["workload"]))
+    if with_decision:
+        paths["decision"] = d / "decision.json"
+        write_json(paths["decision"], read_json(DECISION_FIXTURE))
 
     ex2 = exercise2_outputs(config)
     write_json(paths["exercise2"], ex2.answers)
@@ -433,9 +445,10 @@ PLURAL_PARENTHESIS = re.compile(r"\w\(s\)")
 
 
 def prose_lines(md: str) -> list[str]:
-    """The Markdown's sentences: no headings (the title comes from the config), no tables (a term's name may
-    head a row there), no image links."""
-    return [line for line in visible_md_text(md).splitlines() if line.strip() and not line.startswith(("|", "#"))]
+    """The Markdown's sentences: no headings (the title comes from the config), no tables (checked by
+    test_no_code_name_in_headings_or_table_labels), no image links, no data links (a file's name)."""
+    return [line for line in visible_md_text(md).splitlines()
+            if line.strip() and not line.startswith(("|", "#", "Data: "))]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -489,7 +502,131 @@ def test_measured_serving_memory_and_speed_warning_are_shown(reports):
                      flags=re.M)
 
 
-@pytest.mark.parametrize("template", ["report.html.j2", "report.md.j2"])
-def test_both_templates_lay_out_the_one_outline(template):
-    blocks = set(environment().get_template(template).blocks)
-    assert blocks == {section.id for section in OUTLINE}
+def test_each_section_is_declared_once_and_the_page_templates_lay_out_none():
+    env = environment()
+    parsed = env.parse((TEMPLATE_DIR / "report.sections.j2").read_text())
+    declared = {macro.name for macro in parsed.find_all(jinja2.nodes.Macro) if macro.name.startswith("section_")}
+    assert declared == {f"section_{section.id}" for section in OUTLINE}
+    for shell in ("report.html.j2", "report.md.j2"):
+        source = (TEMPLATE_DIR / shell).read_text()
+        assert "<table" not in source and "|---" not in source and "{% block" not in source
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_section_declared_once_renders_the_same_blocks_in_html_and_markdown(reports, scenario):
+    html = reports[scenario]["html"].read_text()
+    md = reports[scenario]["md"].read_text()
+    html_sections = re.findall(r'<section id="(\w+)">(.*?)</section>', html, flags=re.S)
+    md_sections = md.split("\n## ")[1:]
+    assert len(html_sections) == len(md_sections)
+    for (section_id, html_part), md_part in zip(html_sections, md_sections):
+        tables = len(re.findall(r"<table\b", html_part))
+        assert tables == len(re.findall(r"^\|---", md_part, flags=re.M)), section_id
+        # the cost chart is a script-drawn SVG in HTML and its PNG in Markdown
+        assert len(re.findall(r"<figure\b", html_part)) == len(re.findall(r"^!\[", md_part, flags=re.M)), section_id
+        assert len(re.findall(r"<li>", html_part)) == len(re.findall(r"^- ", md_part, flags=re.M)), section_id
+        assert (len(re.findall(r'<p class="source">', html_part))
+                == len(re.findall(r"^Data: ", md_part, flags=re.M))), section_id
+        # every paragraph of the page is in the Markdown, word for word
+        for paragraph in re.findall(r"<p>(.*?)</p>", html_part, flags=re.S):
+            words = html_lib.unescape(re.sub(r"<[^>]+>", "", paragraph)).split()[:8]
+            plain_md = html_lib.unescape(md_part).replace("\\", "")
+            assert " ".join(words) in " ".join(plain_md.split()), (section_id, words)
+
+
+def test_a_figure_with_nothing_stable_is_replaced_by_its_sentence(reports):
+    report = reports["unstable"]
+    md, html = report["md"].read_text(), report["html"].read_text()
+    # no configuration keeps up at today's or the target rate: goodput and the inter-token gap have nothing to draw
+    for name, title in (("goodput", "Goodput per cap"), ("itl", "The p99 inter-token gap per cap")):
+        assert not (report["md"].parent / "figures" / f"{name}.png").exists()
+        sentence = f"{title} is not drawn: no configuration it covers keeps up, so it has no stable point to show."
+        assert sentence in md and f"<p>{sentence}</p>" in html
+
+
+def test_markdown_has_no_quote_entities_and_no_joined_sentences(reports):
+    for scenario in SCENARIOS:
+        md = reports[scenario]["md"].read_text()
+        assert "&#39;" not in md and "&#34;" not in md
+        assert not re.search(r"%\)\.[A-Z]", md)
+
+
+def headings_and_labels(md: str) -> list[str]:
+    """Headings, table headers and each table row's first cell: the report's labels."""
+    lines = []
+    rows = md.splitlines()
+    for i, line in enumerate(rows):
+        if line.startswith("## ") or line.startswith("### "):
+            lines.append(line)
+        elif line.startswith("|") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            header = i + 1 < len(rows) and rows[i + 1].startswith("|---")
+            lines.extend(cells if header else cells[:1])
+    return lines
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_no_code_name_in_headings_or_table_labels(reports, scenario):
+    md = reports[scenario]["md"].read_text().split("\n# ", 1)[-1]
+    body = md.split("## Provenance", 1)[0]
+    for label in headings_and_labels(body):
+        # Markdown escapes an underscore as \_, so a code name reads a\_b here
+        assert SNAKE_CASE.findall(label.replace("\\_", "_")) == [], label
+
+
+def render_with_decision(directory: Path, decision: dict | None = None) -> dict:
+    inputs, config = build_run(Path(directory) / "inputs", "all_fail", with_decision=True)
+    if decision is not None:
+        write_json(inputs["decision"], decision)
+    out = Path(directory) / "report"
+    logs = Path(directory) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    write_report(inputs, config, "abc123def456", "0123456789", out / "report.html", out / "report.md",
+                 out / "provenance.json", logs)
+    return {"html": (out / "report.html").read_text(), "md": (out / "report.md").read_text()}
+
+
+def first_screen(md: str) -> str:
+    return md.split("## Summary", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def decided(tmp_path_factory):
+    return render_with_decision(tmp_path_factory.mktemp("decided"))
+
+
+def test_first_screen_opens_with_the_pick_and_one_line_per_machine(decided):
+    decision = read_json(DECISION_FIXTURE)
+    summary = first_screen(decided["md"]).strip().splitlines()
+    pick = decision["pick"]
+    assert summary[0].startswith("Pick: 1 × NVIDIA T4 (16 GB), estimated, running continuous + chunked prefill with at "
+                                 "most 16 concurrent sequences, the cheapest of the 3 options ranked")
+    assert "$0.00096 ($0.00082 to $0.0011)" in summary[0]
+    machine_lines = [line for line in summary if line.startswith("- ")]
+    assert len(machine_lines) == len(decision["machines"])
+    for line, machine in zip(machine_lines, decision["machines"]):
+        assert line.startswith(f"- {machine['display_name']} (")
+        assert ("meets all four targets" in line) == machine["meets_all"]
+        for miss in machine["misses"]:
+            assert miss in line
+    # the ranked options table: one row per option, its four verdicts and its price interval
+    options = re.findall(r"^\| (.*?) \| (measured|estimated) \| (\d+) \|(.*)$", first_screen(decided["md"]), flags=re.M)
+    assert [(name, int(replicas)) for name, _, replicas, _ in options] == \
+        [(o["display_name"], o["replicas"]) for o in decision["options"]]
+    assert "pass: 11 req/s (9.4 to 14)" in options[0][3]
+    assert pick["machine"] not in first_screen(decided["md"])
+    # both routes to the targets: faster prefill, more machines, and the cheapest mix of the two
+    routes = next(line for line in summary if line.startswith("Two routes lead"))
+    assert "prefill is 2.2× as fast (1.9 to 2.6×)" in routes and "10 replicas (9 to 12) keep up" in routes
+    assert "3 machines each 2.2× as fast, at $0.0017 ($0.0015 to $0.002)" in routes
+    assert re.search(r'<table id="options">', decided["html"])
+
+
+def test_first_screen_without_a_pick_names_the_closest_and_its_misses(tmp_path):
+    decision = read_json(DECISION_FIXTURE)
+    closest = decision["options"][1]
+    decision.update(pick=None, closest=closest)
+    summary = first_screen(render_with_decision(tmp_path, decision)["md"]).strip().splitlines()
+    assert summary[0] == ("No option meets all four targets. The closest is 3 × Laptop, Ryzen 7 7840U, estimated, "
+                          "running continuous batching with at most 8 concurrent sequences, which misses cost.")
+

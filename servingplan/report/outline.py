@@ -1,6 +1,6 @@
-"""The report's outline, declared once: its sections in order, each with the id its body is found
-under in both templates (a block of report.html.j2 and of report.md.j2) and its title. Adding a section
-is one entry here and one block of that id in each template, its words in report.text.j2."""
+"""The report's outline, declared once: its sections in order, each with its id and title. A section's
+body is declared once, as the macro section_<id> of report.sections.j2, and drawn by both the HTML and
+the Markdown blocks. Adding a section is one entry here and that one macro, its words in report.text.j2."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,14 +4,16 @@
                  log_dir) -> None
 
 `inputs` maps the report rule's input names (machine, profile, fit_report, ...) to paths, or to lists
-of paths (fleet: the planner's fleet cells); the three validation files and the fleet cells are
-optional. A run whose cost model was imported (config `costmodel.source` a file) has no profile, fit
+of paths (fleet: the planner's fleet cells); the three validation files, the fleet cells and the
+cross-machine decision (results/plan/decision.json, whose pick opens the first screen) are optional. A run whose cost model was imported (config `costmodel.source` a file) has no profile, fit
 or validation: its `machine` is the sizes derived from the architecture (`measured: false`), and the
 report says where the cost model came from instead. Every number the report shows is read from those
-files, from the run's config, or computed here from them (workload draws, the cost model's prefill floor). The one exception is the capstone
+files or from the run's config; every comparison and pick among them is the planner's (results/plan/
+findings.json, servingplan/findings.py), this module only formats. The one exception is the capstone
 source's own workload figures (config `reference`), the reference the calibration is checked against.
-The templates hold the words and the conditionals that choose them, never a number; both lay out
-the one outline of servingplan.report.outline.
+Each section is declared once (reports/templates/report.sections.j2) as blocks that
+servingplan/report/blocks.py draws in HTML and in Markdown; the words are in report.text.j2, which
+holds wording and the conditionals that choose it, never arithmetic.
 
 The HTML is self-contained (figures as base64 PNG, inline CSS and JS) and lets the reader change
 the price per hour; the Markdown links PNG files written beside it. Both are byte-identical for
@@ -39,16 +41,15 @@ import pandas as pd
 
 from servingplan import money
 from servingplan.config import costmodel_source
+from servingplan.findings import sweep_seeds, workload_traces
 from servingplan.costmodel import DECODE_KEYS, PREFILL_KEYS, CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
-from servingplan.report import figures
+from servingplan.report import blocks, figures, names
 from servingplan.report import measurement
-from servingplan.report.text import markdown_text
 from servingplan.report.outline import OUTLINE
-from servingplan.seeds import over_seeds
 from servingplan.sim import policies
-from servingplan.workload import expected_length, generate
+from servingplan.workload import expected_length
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "reports" / "templates"
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ HTML_TEMPLATE = "report.html.j2"
 MD_TEMPLATE = "report.md.j2"
 FIGURE_DIR_NAME = "figures"
 MAX_DECIMALS = 6
-REQUIRED_INPUTS = ("machine", "costmodel", "latency", "capacity", "memory", "memory_summary", "recommendation",
+REQUIRED_INPUTS = ("machine", "costmodel", "latency", "capacity", "memory", "memory_summary", "recommendation", "findings",
                    "exercise2", "ex2_caps", "ex2_chunks", "ex2_curve")
 # what a run that profiled this machine has besides; an imported cost model has none of them
 PROFILE_INPUTS = ("profile", "fit_report", "predicted")
@@ -91,6 +92,8 @@ class RunResults:
     ex2_curve: pd.DataFrame
     validation: Validation | None
     fleet_cells: list[dict]
+    findings: dict
+    decision: dict | None = None
     chunks: pd.DataFrame | None = None
     hardware: dict | None = None
     workload: dict | None = None
@@ -123,6 +126,9 @@ def load_results(inputs: Mapping) -> RunResults:
         exercise2=read_json(inputs["exercise2"]), ex2_caps=csv("ex2_caps"), ex2_chunks=csv("ex2_chunks"),
         ex2_curve=csv("ex2_curve"), validation=validation,
         fleet_cells=[read_json(path) for path in inputs.get("fleet") or []],
+        findings=read_json(inputs["findings"]),
+        # the cross-machine decision, once the planner writes it (results/plan/decision.json)
+        decision=read_json(inputs["decision"]) if inputs.get("decision") and Path(inputs["decision"]).is_file() else None,
         chunks=csv("chunks"),
         hardware=read_json(inputs["hardware"]) if inputs.get("hardware") else None,
         workload=read_json(inputs["workload"]) if inputs.get("workload") else None,
@@ -236,18 +242,6 @@ FILTERS = {
 
 # -- sections ------------------------------------------------------------------------------------------
 
-def workload_traces(workload: dict, seeds: list[int]):
-    """The traces as the simulations replay them at today's rate: a trace file's arrival gaps rescaled
-    to workload.rate, as every pipeline stage rescales them."""
-    if workload.get("trace"):
-        return [generate(workload, seed).with_rate(float(workload["rate"])) for seed in seeds]
-    return [generate(workload, seed) for seed in seeds]
-
-
-def sweep_seeds(latency: pd.DataFrame) -> list[int]:
-    return sorted(int(s) for s in latency["seed"].unique())
-
-
 def summary_section(run: RunResults, config: dict) -> dict:
     """The planner's decision, as the templates print it."""
     rec = clean(run.recommendation)
@@ -284,18 +278,10 @@ def machine_section(run: RunResults) -> dict:
     }
 
 
-def decode_table(cost: CostModel) -> list[dict]:
-    """The per-batch decode table beside the line a + b·B it replaces, in ms."""
-    return [{"batch": b, "table_ms": seconds * 1e3, "line_ms": (cost.decode_fixed_s + cost.decode_per_seq_s * b) * 1e3}
-            for b, seconds in cost.decode_batch_fixed_s]
-
-
-def profiling_section(run: RunResults, traces) -> dict:
-    prompts = np.concatenate([t.prompt_tokens for t in traces])
+def profiling_section(run: RunResults) -> dict:
     from_cost_model = {
-        "mean_prompt_prefill_ms": float(np.mean([run.cost_model.prefill_time(int(p)) for p in prompts])) * 1e3,
-        "mean_prompt_tokens": float(prompts.mean()),
-        "decode_table": decode_table(run.cost_model),
+        **run.findings["prompts"],
+        "decode_table": clean(run.findings["decode_table"]),
         "decode_table_largest": max((b for b, _ in run.cost_model.decode_batch_fixed_s), default=None),
     }
     if not run.measured:
@@ -380,43 +366,23 @@ def workload_section(config: dict, traces, rec: dict, described: dict | None) ->
 
 
 def simulation_section(run: RunResults, config: dict, traces) -> dict:
+    """The planner's findings on the sweep at today's rate, with the policies' display labels."""
     slo, workload = config["slo"], config["workload"]
-    today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
-    pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
-    cells_by_rate = over_seeds(run.latency, ["policy", "max_num_seqs", "rate"], spread=True)
-    at_today = cells_by_rate[np.isclose(cells_by_rate["rate"], today)]
-    capacity = run.capacity.set_index(["criterion_name", "policy", "max_num_seqs"])
-    cells = []
-    for row in at_today.to_dict(orient="records"):
-        key = (row["policy"], int(row["max_num_seqs"]))
-        ttft = clean(row[pct])
-        cells.append({
-            "policy": row["policy"], "policy_label": policies.label(row["policy"]), "cap": key[1],
-            "stable": bool(row["stable"]), "ttft_ms": ttft,
-            "ttft_range": [clean(row[f"{pct}_min"]), clean(row[f"{pct}_max"])] if ttft is not None else None,
-            "goodput_rps": clean(row["goodput_rps"]),
-            **{f"capacity_{name}": _capacity(capacity, name, key) for name in ("ttft_slo", "stable")},
-        })
-    cells.sort(key=lambda c: (policies.order(c["policy"]), c["cap"]))
-    best_slo = max(cells, key=lambda c: (c["capacity_ttft_slo"]["rps"], -c["cap"]))
-    best_stable = max(cells, key=lambda c: (c["capacity_stable"]["rps"], -c["cap"]))
-    busiest = cells_by_rate.loc[cells_by_rate["preemptions"].idxmax()] if len(cells_by_rate) else None
+    found = clean(run.findings["simulation"])
+    labelled = lambda cell: {**cell, "policy_label": policies.label(cell["policy"])}  # noqa: E731
+    itl = found["itl"]
+    busiest = found["max_preemptions"]
     return {
-        "today_rate": today, "target_rate": target, "rates": sorted(float(r) for r in run.latency["rate"].unique()),
+        **found,
+        "today_rate": float(workload["rate"]), "target_rate": float(slo["capacity_target_rate"]),
+        "rates": sorted(float(r) for r in run.latency["rate"].unique()),
         "percentile": slo["ttft_percentile"], "slo_ms": slo["ttft_ms"], "tpot_ms": slo["tpot_ms"],
         "seeds": len(sweep_seeds(run.latency)),
-        "cells": cells,
+        "cells": [labelled(c) for c in found["cells"]], "n_cells": len(found["cells"]),
+        "best_slo": labelled(found["best_slo"]), "best_stable": labelled(found["best_stable"]),
         "policy_labels": [policies.label(p) for p in sorted(run.latency["policy"].unique(), key=policies.order)],
-        "n_cells": len(cells),
-        "n_stable_today": sum(c["stable"] for c in cells),
-        "n_meeting_slo_today": sum(c["ttft_ms"] is not None and c["ttft_ms"] <= slo["ttft_ms"] for c in cells),
-        "best_slo": best_slo, "best_slo_positive": best_slo["capacity_ttft_slo"]["rps"] > 0,
-        "best_stable": best_stable, "best_stable_below_today": best_stable["capacity_stable"]["rps"] < today,
-        "any_meets_target": any(c["capacity_ttft_slo"]["rps"] >= target for c in cells),
-        "itl": _itl_comparison(at_today),
-        "max_preemptions": None if busiest is None or not busiest["preemptions"] > 0 else {
-            "mean": float(busiest["preemptions"]), "policy_label": policies.label(busiest["policy"]),
-            "cap": int(busiest["max_num_seqs"]), "rate": float(busiest["rate"])},
+        "itl": itl and {**itl, "chunked_label": policies.label(itl["chunked"]), "plain_label": policies.label(itl["plain"])},
+        "max_preemptions": busiest and {**busiest, "policy_label": policies.label(busiest["policy"])},
         "rate_min": config["capacity"]["rate_min"],
         "chunk_size": config["sweep"]["chunk_size"],
         "prompts_fit_one_chunk": max(int(t.prompt_tokens.max()) for t in traces) <= config["sweep"]["chunk_size"],
@@ -424,61 +390,15 @@ def simulation_section(run: RunResults, config: dict, traces) -> dict:
 
 
 def chunk_section(run: RunResults, config: dict, traces) -> dict | None:
-    """The capstone's chunk sweep at today's rate, per cap and chunk size: the p99 inter-token gap and the
-    TTFT percentile, none for a cell whose queue grows; and the comparison of the smallest and largest
-    chunk at the largest cap where both keep up."""
-    if run.chunks is None or run.chunks.empty:
+    """The planner's chunk-sweep findings at today's rate, with the longest prompt drawn and the chunk sizes
+    that split it."""
+    found = clean(run.findings["chunk_sweep"])
+    if found is None:
         return None
-    slo, today = config["slo"], float(config["workload"]["rate"])
-    pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
-    cells = over_seeds(run.chunks, ["policy", "max_num_seqs", "chunk_size", "rate"])
-    cells = cells[np.isclose(cells["rate"], today)]
-    rows = [{"policy_label": policies.label(r["policy"]), "cap": int(r["max_num_seqs"]), "chunk": int(r["chunk_size"]),
-             "stable": bool(r["stable"]), "itl_ms_p99": clean(r["itl_ms_p99"]), "ttft_ms": clean(r[pct])}
-            for r in cells.sort_values(["max_num_seqs", "chunk_size"]).to_dict(orient="records")]
-    chunks = sorted(int(c) for c in cells["chunk_size"].unique())
-    both = [cap for cap in sorted({r["cap"] for r in rows})
-            if all(r["stable"] for r in rows if r["cap"] == cap and r["chunk"] in (chunks[0], chunks[-1]))]
-    compare = None
-    if both and len(chunks) > 1:
-        at = {r["chunk"]: r for r in rows if r["cap"] == both[-1]}
-        compare = {"cap": both[-1], "small": at[chunks[0]], "large": at[chunks[-1]]}
     longest = max(int(t.prompt_tokens.max()) for t in traces)
-    return {"rows": rows, "chunks": chunks, "compare": compare, "longest_prompt": longest,
-            "splitting": [c for c in chunks if c < longest],
+    return {**found, "rows": [{**r, "policy_label": policies.label(r["policy"])} for r in found["rows"]],
+            "longest_prompt": longest, "splitting": [c for c in found["chunks"] if c < longest],
             "budget": policies.CHUNK_BUDGETS[policies.chunk_budget(config["sweep"])]}
-
-
-def _capacity(capacity: pd.DataFrame, name: str, key) -> dict:
-    row = capacity.loc[(name, *key)]
-    interval = [row.get("interval_lo_rps"), row.get("interval_hi_rps")]
-    if any(v is None or pd.isna(v) for v in interval):
-        interval = [row["capacity_min_rps"], row["capacity_max_rps"]]
-    return {"rps": float(row["capacity_rps"]), "range": [float(v) for v in interval],
-            "never_met": bool(row["never_met"])}
-
-
-def _itl_comparison(at_today: pd.DataFrame) -> dict | None:
-    """p99 inter-token gap of each chunking policy against the policy it refines, at the largest cap
-    where both are stable on every seed (an unstable run has no percentile); when no such cap exists,
-    how many caps were unstable."""
-    for policy in policies.REGISTRY:
-        if policy.unchunked is None:
-            continue
-        chunked = at_today[at_today["policy"] == policy.name].set_index("max_num_seqs")
-        plain = at_today[at_today["policy"] == policy.unchunked].set_index("max_num_seqs")
-        shared = sorted(set(chunked.index) & set(plain.index))
-        defined = [cap for cap in shared if pd.notna(chunked.loc[cap, "itl_ms_p99"])
-                   and pd.notna(plain.loc[cap, "itl_ms_p99"])]
-        if not defined:
-            return {"defined": False, "caps": len(shared), "chunked_label": policy.label,
-                    "plain_label": policies.label(policy.unchunked)}
-        cap = defined[-1]
-        ratio = float(chunked.loc[cap, "itl_ms_p99"] / plain.loc[cap, "itl_ms_p99"])
-        return {"defined": True, "cap": int(cap), "chunked_ms": float(chunked.loc[cap, "itl_ms_p99"]),
-                "plain_ms": float(plain.loc[cap, "itl_ms_p99"]), "ratio": ratio, "no_shorter": ratio >= 1,
-                "chunked_label": policy.label, "plain_label": policies.label(policy.unchunked)}
-    return None
 
 
 def memory_section(run: RunResults) -> dict:
@@ -508,6 +428,9 @@ def browser_cost_data(cost: dict) -> dict:
     """What the page's script needs to recompute every cost it shows when the price changes."""
     return {"price_per_hour": cost["price_per_hour"], "target_per_1k": cost["target_per_1k"],
             "max_replicas": cost["max_replicas"], "offered_tokens_per_s": cost["offered_tokens_per_s"],
+            # the one money formula evaluated at $1 per machine-hour for 1 .. max_replicas machines
+            "usd_per_1k_at_one_dollar": [money.cost_per_1k_tokens(1.0, replicas, cost["offered_tokens_per_s"])
+                                         for replicas in range(1, cost["max_replicas"] + 1)],
             "marks": {f"{f['replicas']} machines, {f['router'].replace('_', ' ')}": f["replicas"]
                       for f in cost["fleets"]}}
 
@@ -535,14 +458,6 @@ def hardware_section(run: RunResults) -> dict | None:
 
 def _term(terms: list[dict], name: str) -> dict:
     return next(term for term in terms if term["term"] == name)
-
-
-def markdown_hardware(section: dict | None) -> dict | None:
-    """The hardware section with the config's free text (target names, descriptions) as Markdown text."""
-    if section is None:
-        return None
-    return {**section, "targets": [{**t, "name": markdown_text(t["name"]), "description": markdown_text(t["description"])}
-                                   for t in section["targets"]]}
 
 
 def validation_section(run: RunResults, workload: dict) -> dict | None:
@@ -677,6 +592,11 @@ def provenance(inputs: Mapping, config_hash: str, machine_fingerprint: str, log_
 
 # -- rendering -----------------------------------------------------------------------------------------
 
+# every figure the report may show, in the order build_figures makes them
+FIGURE_NAMES = ("workload", "ttft_vs_rate", "capacity", "attainment", "goodput", "preemptions", "itl", "memory", "cost",
+                "ex2_curve", "ex2_caps", "ex2_chunks")
+
+
 def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[str, bytes]:
     slo, workload = config["slo"], config["workload"]
     today, target = float(workload["rate"]), float(slo["capacity_target_rate"])
@@ -700,8 +620,7 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
                                              ex2["2.1"]["least_squares"]["b_ms"], ex2["2.2"]["tpot_budget_ms"],
                                              ex2["2.2"]["b_max"]),
         "ex2_caps": figures.exercise2_caps(seed_means(run.ex2_caps, "max_num_seqs"), ex2["2.2"]["b_max"],
-                                           ex2["2.4"]["readings"]["per_kv_token"]["best_cap"],
-                                           ex2["2.2"]["tpot_budget_ms"]),
+                                           ex2["pick"]["picked_cap"], ex2["2.2"]["tpot_budget_ms"]),
         "ex2_chunks": figures.exercise2_chunks(seed_means(run.ex2_chunks, "chunk_size"), ex2["2.3"]["itl_bound_ms"]),
     }
     if run.measured:
@@ -716,8 +635,21 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
         made["validation_ttft"] = figures.ttft_scatter(run.validation.requests)
         if any(row["batch"] > 0 for row in run.validation.meta["steps_by_batch"]):
             made["steps_by_batch"] = measurement.steps_by_batch_figure(run.validation.meta)
-    # a figure with nothing but zeros to plot is left out; the report says so where it would stand
+    # a figure with nothing stable or nothing but zeros to draw is left out; the report says why where it would stand
     return {name: figures.png_bytes(fig) for name, fig in made.items() if fig is not None}
+
+
+# the figures drawn by figures.by_cap, whose omission has either reason; every other figure is left out
+# only when nothing it covers keeps up
+BY_CAP_FIGURES = {"goodput": "goodput_rps", "preemptions": "preemptions", "itl": "itl_ms_p99"}
+
+
+def figure_omissions(run: RunResults, config: dict, figure_png: dict) -> dict[str, str]:
+    """Why each figure left out is missing: figures.NO_STABLE_POINT or figures.ALL_ZERO."""
+    rates = {"today": float(config["workload"]["rate"]), "target": float(config["slo"]["capacity_target_rate"])}
+    return {name: figures.by_cap_omission(run.latency, BY_CAP_FIGURES[name], rates) if name in BY_CAP_FIGURES
+            else figures.NO_STABLE_POINT
+            for name in FIGURE_NAMES if name not in figure_png}
 
 
 def build_context(run: RunResults, config: dict, provenance_record: dict, traces) -> dict:
@@ -728,8 +660,9 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "title": config["report"]["title"],
         "config": config,
         "summary": summary,
+        "decision": clean(run.decision),
         "machine": machine_section(run),
-        "profiling": profiling_section(run, traces),
+        "profiling": profiling_section(run),
         "workload": workload_section(config, traces, clean(run.recommendation), clean(run.workload)),
         "simulation": simulation_section(run, config, traces),
         "chunk_sweep": chunk_section(run, config, traces),
@@ -753,12 +686,13 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
 
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR), extensions=["jinja2.ext.do"],
         # Markdown too: config text must not become raw HTML there either, and entities render as characters.
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "md.j2", "text.j2"), default_for_string=False),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "md.j2", "text.j2", "sections.j2"), default_for_string=False),
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
     )
     env.filters.update(FILTERS)
+    env.globals.update(verdict_cell=blocks.Verdict, display=names.display, NO_STABLE_POINT=figures.NO_STABLE_POINT)
     return env
 
 
@@ -778,20 +712,25 @@ class CostText:
     def per_1k(self, replicas, tokens_per_s) -> float | None:
         return money.cost_per_1k_tokens(self.price_per_hour, replicas, tokens_per_s) if tokens_per_s else None
 
+    @staticmethod
+    def at_one_dollar(replicas, tokens_per_s) -> str:
+        """The cost at $1 per machine-hour: the page scales it by the price entered."""
+        return repr(money.cost_per_1k_tokens(1.0, replicas, float(tokens_per_s)))
+
     def money(self, replicas, tokens_per_s, missing="n/a"):
         """$ per 1,000 output tokens for `replicas` machines serving `tokens_per_s`."""
         value = self.per_1k(replicas, tokens_per_s)
         if value is None:
             return missing
-        return self._span("cost", fmt_usd(value), replicas=replicas, tokens_per_s=repr(float(tokens_per_s)))
+        return self._span("cost", fmt_usd(value), usd_at_one_dollar=self.at_one_dollar(replicas, tokens_per_s))
 
     def check(self, replicas, tokens_per_s, within: str, above: str, missing="n/a"):
         """`within` when that cost meets the target, else `above`."""
         value = self.per_1k(replicas, tokens_per_s)
         if value is None:
             return missing
-        return self._span("cost-check", within if value <= self.target_per_1k else above, replicas=replicas,
-                          tokens_per_s=repr(float(tokens_per_s)), within=within, above=above)
+        return self._span("cost-check", within if value <= self.target_per_1k else above,
+                          usd_at_one_dollar=self.at_one_dollar(replicas, tokens_per_s), within=within, above=above)
 
     def price(self):
         return self._span("price", fmt_usd(self.price_per_hour))
@@ -799,7 +738,8 @@ class CostText:
     def replicas_within(self, tokens_per_s):
         """The most machines the cost target pays for at this traffic."""
         machines = money.max_replicas_within(self.price_per_hour, tokens_per_s, self.target_per_1k)
-        return self._span("replicas-within", count(machines, "machine"), tokens_per_s=repr(float(tokens_per_s)))
+        return self._span("replicas-within", count(machines, "machine"),
+                          usd_at_one_dollar=self.at_one_dollar(1, tokens_per_s))
 
 
 def png_css_size(png: bytes) -> tuple[int, int]:
@@ -809,26 +749,26 @@ def png_css_size(png: bytes) -> tuple[int, int]:
 
 
 def table_sources(inputs: Mapping, html_path) -> dict:
-    """Each single-file input as a link relative to the HTML page, so a table can point at its data."""
+    """Each single-file input as a link relative to the HTML page, so a table can point at its data, and
+    the path a reader finds it at: as the pipeline names it (results/...), or its file name."""
     base = Path(html_path).resolve().parent
-    return {key: {"href": Path(os.path.relpath(Path(path).resolve(), base)).as_posix(), "name": Path(path).name}
-            for key, path in inputs.items() if isinstance(path, (str, Path))}
+    return {key: {"href": Path(os.path.relpath(Path(path).resolve(), base)).as_posix(),
+                  "path": Path(path).as_posix() if not Path(path).is_absolute() else Path(path).name}
+            for key, path in inputs.items() if isinstance(path, (str, Path)) and Path(path).is_file()}
 
 
 def render(context: dict, figure_png: dict[str, bytes], figure_dir_name: str = FIGURE_DIR_NAME) -> tuple[str, str]:
     """(HTML, Markdown) of the report; the HTML embeds the figures, the Markdown links them."""
     env = environment()
     price, target = context["cost"]["price_per_hour"], context["cost"]["target_per_1k"]
+    html_blocks = blocks.HtmlBlocks(
+        context["sources"],
+        figure_src={name: "data:image/png;base64," + base64.b64encode(png).decode("ascii") for name, png in figure_png.items()},
+        figure_size={name: png_css_size(png) for name, png in figure_png.items()})
     html = env.get_template(HTML_TEMPLATE).render(
-        **context, output_format="html", cost_text=CostText(price, target, html=True), max_decimals=MAX_DECIMALS,
-        figure_size={name: png_css_size(png) for name, png in figure_png.items()},
-        figure_src={name: "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-                    for name, png in figure_png.items()})
-    md = env.get_template(MD_TEMPLATE).render(
-        **{**context, "title": markdown_text(context["title"]), "hardware": markdown_hardware(context["hardware"])},
-        output_format="md",
-        cost_text=CostText(price, target, html=False),
-        figure_src={name: f"{figure_dir_name}/{name}.png" for name in figure_png})
+        **context, B=html_blocks, cost_text=CostText(price, target, html=True), max_decimals=MAX_DECIMALS)
+    md_blocks = blocks.MarkdownBlocks(context["sources"], {name: f"{figure_dir_name}/{name}.png" for name in figure_png})
+    md = env.get_template(MD_TEMPLATE).render(**context, B=md_blocks, cost_text=CostText(price, target, html=False))
     # The templates open with macro definitions and their blocks leave blank lines behind; Markdown
     # treats any run of blank lines as one.
     return html.lstrip(), re.sub(r"\n{3,}", "\n\n", md.lstrip())
@@ -841,6 +781,7 @@ def write_report(inputs: Mapping, config: dict, config_hash: str, machine_finger
     record = provenance(inputs, config_hash, machine_fingerprint, log_dir)
     context = {**build_context(run, config, record, traces), "sources": table_sources(inputs, html_path)}
     figure_png = build_figures(run, config, context, traces)
+    context["figure_omissions"] = figure_omissions(run, config, figure_png)
     html, md = render(context, figure_png)
 
     figure_dir = Path(md_path).parent / FIGURE_DIR_NAME

@@ -1,0 +1,16 @@
+import pandas as pd
+
+from servingplan.costmodel import load
+from servingplan.findings import findings
+from servingplan.io import write_json
+from servingplan.pipeline import run_stage
+
+
+def main(sm):
+    chunks = pd.read_csv(sm.input.chunks)
+    write_json(sm.output[0], findings(pd.read_csv(sm.input.latency), pd.read_csv(sm.input.capacity),
+                                      chunks if not chunks.empty else None, load(sm.input.costmodel),
+                                      sm.params.slo, sm.params.workload))
+
+
+run_stage(snakemake, main)
