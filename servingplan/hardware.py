@@ -63,6 +63,7 @@ def launch_overhead_s(target: dict) -> float:
 
 # the terms paid once per model call: the ones a per-call launch overhead floors
 PER_CALL_TERMS = ("decode_fixed_s", "prefill_fixed_s", "decode_batch_fixed_s")
+ROUNDING = 1e-9
 
 
 def _carry(name: str, seconds: float, work: roofline.Work, here: dict, target: dict,
@@ -73,7 +74,9 @@ def _carry(name: str, seconds: float, work: roofline.Work, here: dict, target: d
     overhead = launch_overhead_s(target) if name in PER_CALL_TERMS else 0.0
     floor_target = max(target_s, overhead)
     scaled = seconds * scale
-    clamped_to = None if scaled >= floor_target else ("launch overhead" if overhead > target_s else "roofline")
+    # a term the fit held at this machine's floor scales to the target's floor up to rounding: not a clamp
+    clamped = scaled < floor_target * (1 - ROUNDING)
+    clamped_to = ("launch overhead" if overhead > target_s else "roofline") if clamped else None
     return {"term": name, "batch": batch, "bytes": work.bytes, "flops": work.flops,
             "bound_here": here_bound, "bound_target": target_bound,
             "roofline_here_s": here_s, "roofline_target_s": target_s, "scale": scale,

@@ -126,6 +126,13 @@ def test_a_term_faster_than_the_floor_here_is_clamped_to_the_targets_floor_and_s
     assert row["clamped"] and row["clamped_to"] == "roofline"
     assert model.decode_per_seq_s == row["seconds_target"] == pytest.approx(floor)
     assert model.meta["carry_over"]["clamped_terms"] == ["decode_per_seq_s"]
+    # a model the fit held at this machine's floors carries to the target's floors, unclamped
+    floors = {term: seconds for term, (seconds, _) in roofline.term_floors(GPT2, 100.0, 100.0).items()}
+    at_floor = CostModel(**floors, ctx_mode="padded_max")
+    model, rows = hardware.carry_over(at_floor, GPT2, HERE, {"name": "target", "bandwidth_gbs": 200.0, "gflops": 400.0})
+    assert not any(row["clamped"] for row in rows)
+    for term, (seconds, _) in roofline.term_floors(GPT2, 200.0, 400.0).items():
+        assert getattr(model, term) == pytest.approx(seconds, rel=1e-12)
 
 
 def test_a_gpu_target_floors_every_model_call_at_its_launch_overhead():
