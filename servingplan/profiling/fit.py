@@ -32,7 +32,8 @@ only where it predicts held-out rounds better than the simpler form does:
 - per batch B, a table value f(B) is kept only if the table form (a value per batch, shared c)
   predicts the held-out rounds at B with a smaller mean absolute error than the line (a + b B + c B T
   fitted from DECODE_FIT_MIN_BATCH up); a bump that is not there in every round is noise and goes;
-- the prefill terms p2 and p3 are kept only if dropping them makes the held-out rounds' error larger.
+- the prefill terms p2 and p3 are fitted only if holding them at their floors makes the held-out rounds'
+  error larger.
 The shipped decode part is then fitted jointly: a value per kept batch, one line for the other batches,
 one c. The cost model carries the table for every profiled batch (the line's value where no table
 value was kept), and the line-only fit's a and b, b continuing the table beyond its largest batch.
