@@ -29,8 +29,10 @@ rule carry_over:
         terms=f"{MACHINE_DIR}/carry_over.json",
     params:
         model=config_keys(config["model"]),
-        # the roofline alone: a target's description or price reaches its recommendation only
-        target=lambda wildcards: config_keys(HARDWARE[wildcards.machine], keep=("name", "bandwidth_gbs", "gflops")),
+        # the roofline and the kind of machine (a GPU's launch overhead) alone: a target's description or
+        # price reaches its recommendation only
+        target=lambda wildcards: config_keys(HARDWARE[wildcards.machine],
+                                             keep=("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms")),
     threads: 1
     resources:
         mem_mb=500,

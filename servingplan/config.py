@@ -251,6 +251,9 @@ def _check_hardware(targets: list[dict], costmodel: str) -> None:
             raise ConfigError(f"config error: hardware[{i}].name = {target['name']!r}: must differ from every other "
                               "target's name")
         seen.add(target["name"])
+        if target.get("launch_overhead_ms") is not None and target.get("kind", "cpu") != "gpu":
+            raise ConfigError(f"config error: hardware[{i}].launch_overhead_ms = {target['launch_overhead_ms']!r}: "
+                              "applies to kind gpu only (a CPU's host loop is in the terms measured here)")
 
 
 def derived_seeds(master_seed: int, count: int) -> list[int]:

@@ -1,102 +1,113 @@
 """Carry the fitted step-time model over to a machine the pipeline did not run on, by the roofline.
 
 Every term of the cost model (servingplan.costmodel) is the time of some work: a decode call's
-weight read, one sequence's matrix products, one cached token's attention, and so on. From the
-model's shape (servingplan.architecture) each term gets the bytes it moves and the FLOPs it does.
-Its roofline time on a machine is max(bytes / bandwidth, FLOPs / float32 rate); the resource that
-gives the larger time bounds it. A term is carried over to a target machine by the ratio of its
-roofline time there to its roofline time here (this machine's roofline probes, machine.json), which
-keeps the share of the roofline the term reached here (its efficiency) unchanged:
+weight read, one sequence's matrix products, one cached token's attention, and so on. The bytes it
+moves and the FLOPs it does come from servingplan.roofline, the one work model the profiler and the
+fit use too. Its roofline time (floor) on a machine is max(bytes / bandwidth, FLOPs / float32 rate).
+A term is carried over to a target machine by the ratio of its floor there to its floor here (this
+machine's peak probes, machine.json), which keeps the share of the roofline the term reached here
+(its efficiency) unchanged:
 
-    term_target = term_here * roofline_target / roofline_here
+    term_target = max(term_here * floor_target / floor_here, floor_target)
 
-A term bound by memory on both machines scales with bandwidth alone, one bound by compute with the
-float32 rate alone. The result is an estimate from the roofline, not a measurement: it assumes the
-target's kernels reach the same share of its peak as this machine's reached of its probes.
+The max is the target's own floor: a term fitted faster than this machine's floor (an imported model,
+or probes read differently) would otherwise carry its impossible speed over; each row records
+whether it was clamped. A GPU target (`kind: gpu`) also pays the host's time per model call, which no
+roofline sees: eager PyTorch launches each of a forward pass's kernels from Python, one after another
+(LAUNCH_OVERHEAD_BASIS). A decode step or prefill call there never takes less than
+`launch_overhead_ms`, so its fixed terms (and each decode-batch table value) are floored at it too.
+
+The result is an estimate from the roofline, not a measurement: it assumes the target's kernels reach
+the same share of its peak as this machine's reached of its probes (CARRY_OVER_LEAVES_OUT).
 
 `carry_over` is pure; the pipeline's rule carry_over writes a target's model, and the planner's cells
 run on it as on this machine's (rules/simulate.smk, rules/plan.smk, machine wildcard).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from servingplan import architecture
+from servingplan import roofline
 from servingplan.costmodel import CostModel
 
-GB = 1e9
-GFLOP = 1e9
+MACHINE_KINDS = ("cpu", "gpu")
+# The default host time of one forward pass of the model on a GPU target, in ms (config:
+# hardware[].launch_overhead_ms). GPT-2 small's forward in eager PyTorch (transformers' GPT2 blocks)
+# runs about 20 operators per layer (LayerNorm x 2, the four products, the KV-cache update, attention,
+# GELU's tanh form as several elementwise kernels, two residual adds), so about 250 kernels for 12
+# layers with the embeddings, final LayerNorm and LM head; at about 10 us of host time each (Python
+# module calls, the dispatcher and the CUDA launch itself) that is 2.5 ms, whatever the GPU's speed. A
+# server that captures the forward in a CUDA graph (vLLM's default) pays a fraction of it: set the key
+# to what such an engine measures.
+DEFAULT_GPU_LAUNCH_OVERHEAD_MS = 2.5
+LAUNCH_OVERHEAD_BASIS = ("about 250 kernels per GPT-2 small forward pass in eager PyTorch, about 10 us of host "
+                         "time each (Python, dispatcher, CUDA launch)")
+CARRY_OVER_LEAVES_OUT = (
+    "the target's kernels reaching a different share of its peak than this machine's did of its probes",
+    "the host CPU of the target, its Python loop and scheduler beyond the stated launch overhead",
+    "transfers between host and device (token ids in, logits out) and their synchronisation",
+    "kernel fusion, CUDA graphs or other engines that change the work per call",
+)
 
 
-@dataclass(frozen=True)
-class Work:
-    """What one unit of a cost-model term moves and computes."""
-    bytes: float
-    flops: float
+def machine_kind(target: dict) -> str:
+    return target.get("kind", "cpu")
 
 
-def term_work(arch: dict) -> dict[str, Work]:
-    """Bytes and FLOPs behind one unit of each cost-model term (per call, per sequence, per token, ...)
-    of a GPT-2 shaped model in float32. Weights are read once per call; every weight except the
-    position table takes part in one multiply-add per token (2 FLOPs), the tied LM head included; a
-    token's keys and values are written when it is computed and read once per decode step that
-    attends to it; attention does 2 FLOPs per channel for the scores and 2 for the weighted values,
-    and writes one float32 score per head for each pair of tokens."""
-    weights = float(architecture.weight_bytes(arch))
-    per_token_flops = 2.0 * (architecture.weight_count(arch) - arch["n_positions"] * arch["n_embd"])
-    kv = float(architecture.kv_bytes_per_token(arch))
-    pair_flops = 4.0 * arch["n_embd"] * arch["n_layer"]
-    pair_bytes = float(architecture.FLOAT32_BYTES * arch["n_head"] * arch["n_layer"])
-    return {
-        "decode_fixed_s": Work(weights, 0.0),
-        "decode_per_seq_s": Work(kv, per_token_flops),
-        "decode_per_ctx_token_s": Work(kv, pair_flops),
-        "prefill_fixed_s": Work(weights, 0.0),
-        "prefill_per_token_s": Work(kv, per_token_flops),
-        "prefill_per_token_sq_s": Work(pair_bytes, pair_flops),
-        "prefill_per_token_ctx_s": Work(pair_bytes, pair_flops),
-    }
+def launch_overhead_s(target: dict) -> float:
+    """Host time per model call on `target`: its launch_overhead_ms, else the default of its kind (none
+    for a CPU, whose host loop is part of the terms measured and carried over)."""
+    default = DEFAULT_GPU_LAUNCH_OVERHEAD_MS if machine_kind(target) == "gpu" else 0.0
+    given = target.get("launch_overhead_ms")
+    return (default if given is None else float(given)) / 1000.0
 
 
-def batch_work(arch: dict, batch: int) -> Work:
-    """A whole batch-dependent decode part f(B): the weights once, B sequences' products and KV writes."""
-    work = term_work(arch)
-    return Work(work["decode_fixed_s"].bytes + batch * work["decode_per_seq_s"].bytes,
-                batch * work["decode_per_seq_s"].flops)
+# the terms paid once per model call: the ones a per-call launch overhead floors
+PER_CALL_TERMS = ("decode_fixed_s", "prefill_fixed_s", "decode_batch_fixed_s")
+ROUNDING = 1e-9
 
 
-def roofline(work: Work, bandwidth_gbs: float, gflops: float) -> tuple[float, str]:
-    """(seconds, bound): the roofline time of `work` and the resource that sets it."""
-    memory_s, compute_s = work.bytes / (bandwidth_gbs * GB), work.flops / (gflops * GFLOP)
-    return (memory_s, "memory") if memory_s >= compute_s else (compute_s, "compute")
-
-
-def _carry(name: str, seconds: float, work: Work, here: dict, target: dict, batch: int | None = None) -> dict:
-    here_s, here_bound = roofline(work, here["bandwidth_gbs"], here["gflops"])
-    target_s, target_bound = roofline(work, target["bandwidth_gbs"], target["gflops"])
+def _carry(name: str, seconds: float, work: roofline.Work, here: dict, target: dict,
+           batch: int | None = None) -> dict:
+    here_s, here_bound = roofline.floor(work, here["bandwidth_gbs"], here["gflops"])
+    target_s, target_bound = roofline.floor(work, target["bandwidth_gbs"], target["gflops"])
     scale = target_s / here_s
+    overhead = launch_overhead_s(target) if name in PER_CALL_TERMS else 0.0
+    floor_target = max(target_s, overhead)
+    scaled = seconds * scale
+    # a term the fit held at this machine's floor scales to the target's floor up to rounding: not a clamp
+    clamped = scaled < floor_target * (1 - ROUNDING)
+    clamped_to = ("launch overhead" if overhead > target_s else "roofline") if clamped else None
     return {"term": name, "batch": batch, "bytes": work.bytes, "flops": work.flops,
             "bound_here": here_bound, "bound_target": target_bound,
             "roofline_here_s": here_s, "roofline_target_s": target_s, "scale": scale,
-            "seconds_here": seconds, "seconds_target": seconds * scale}
+            "efficiency_here": here_s / seconds if seconds > 0 else None,
+            "launch_overhead_s": overhead, "floor_target_s": floor_target,
+            "seconds_here": seconds, "seconds_scaled": scaled, "seconds_target": max(scaled, floor_target),
+            "clamped": clamped_to is not None, "clamped_to": clamped_to}
 
 
 def carry_over(cost: CostModel, arch: dict, here: dict, target: dict) -> tuple[CostModel, list[dict]]:
     """`cost` carried from the machine of roofline `here` to `target` (each a dict with bandwidth_gbs
-    and gflops), and one row per term: its bytes and FLOPs, the resource bounding it on each machine,
-    and the scale factor applied. The speed band and the rest of `cost.meta` stay as measured here."""
-    work = term_work(arch)
-    coefficients = {"decode_fixed_s": cost.decode_fixed_s, "decode_per_seq_s": cost.decode_per_seq_s,
-                    "decode_per_ctx_token_s": cost.decode_per_ctx_token_s, "prefill_fixed_s": cost.prefill_fixed_s,
-                    "prefill_per_token_s": cost.prefill_per_token_s,
-                    "prefill_per_token_sq_s": cost.prefill_per_token_sq_s,
-                    "prefill_per_token_ctx_s": cost.prefill_per_token_ctx_s}
-    terms = [_carry(name, seconds, work[name], here, target) for name, seconds in coefficients.items()]
-    table = [_carry("decode_batch_fixed_s", seconds, batch_work(arch, batch), here, target, batch)
+    and gflops; the target's optional kind and launch_overhead_ms as in config `hardware`), and one row
+    per term: its bytes and FLOPs, the resource bounding it on each machine, the scale factor, the
+    target's floor (roofline, or launch overhead for a per-call term) and whether the term was clamped
+    to it. The speed band and the rest of `cost.meta` stay as measured here; meta.carry_over states the
+    target's kind, the launch overhead assumed and what the estimate leaves out."""
+    work = roofline.term_work(arch)
+    terms = [_carry(name, getattr(cost, name), work[name], here, target) for name in roofline.TERMS]
+    table = [_carry("decode_batch_fixed_s", seconds, roofline.batch_work(arch, batch), here, target, batch)
              for batch, seconds in cost.decode_batch_fixed_s]
     scaled = {t["term"]: t["seconds_target"] for t in terms}
+    overhead = launch_overhead_s(target)
+    basis = "as configured (hardware[].launch_overhead_ms)" if target.get("launch_overhead_ms") is not None \
+        else LAUNCH_OVERHEAD_BASIS
+    carried = {"target_kind": machine_kind(target), "launch_overhead_s": overhead,
+               "launch_overhead_basis": basis if overhead else None,
+               "clamped_terms": [t["term"] if t["batch"] is None else f"{t['term']}[{t['batch']}]"
+                                 for t in terms + table if t["clamped"]],
+               "leaves_out": list(CARRY_OVER_LEAVES_OUT)}
     model = CostModel(**scaled, ctx_mode=cost.ctx_mode, name=f"{cost.name} carried to {target['name']}",
-                      source=f"roofline estimate for {target['name']} from {cost.name}", meta=dict(cost.meta),
+                      source=f"roofline estimate for {target['name']} from {cost.name}",
+                      meta={**cost.meta, "carry_over": carried},
                       decode_batch_fixed_s=tuple((t["batch"], t["seconds_target"]) for t in table))
     return model, terms + table
 

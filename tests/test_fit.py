@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servingplan import costmodel
+from servingplan import architecture, costmodel, roofline
 from servingplan.costmodel import CostModel
 from servingplan.profiling.fit import (
     DECODE_TERMS, PREFILL_TERMS, SELECTION_MARGIN, fit_profile, fit_relative, holdout_mask, run_fit,
@@ -48,18 +48,23 @@ def rounds_of(points: pd.DataFrame, factors: np.ndarray | None = None, n_rounds:
     return points, samples
 
 
-def fit_of(points, factors=None, holdout=0.25, goal=0.05, seed=0):
+def fit_of(points, factors=None, holdout=0.25, goal=0.05, seed=0, meta=None):
     points, samples = rounds_of(points, factors)
-    return fit_profile(points, samples, synthetic_meta(), holdout, goal, seed)
+    return fit_profile(points, samples, meta or synthetic_meta(), holdout, goal, seed)
 
 
-def synthetic_meta() -> dict:
+# A roofline under every term of KNOWN (its c, 30 ns per KV token, reads 74 kB at 2.5 TB/s), so the
+# floors bound nothing there and the fit recovers KNOWN exactly.
+PEAK = {"bandwidth_gbs": 5000.0, "gemm_gflops": 2000.0}
+
+
+def synthetic_meta(peak: dict = PEAK) -> dict:
     return {
         "machine": {"fingerprint": "0123456789", "cpu_model": "test cpu", "threads": 2},
         "model": {"source": "random", "param_count": 124_439_808, "non_embedding_param_count": 85_056_000,
-                  "n_layer": 12, "n_embd": 768, "vocab_size": 50257},
+                  **architecture.GPT2_SMALL},
         "memory": {"param_bytes": 497_759_232, "kv_bytes_per_token": 73_728},
-        "roofline": {"bandwidth_gbs": 20.0, "gemm_gflops": 100.0},
+        "roofline": dict(peak),
         "settings": {"tiny": False},
         "wall_time_s": 1.0,
     }
@@ -81,7 +86,9 @@ def test_fit_recovers_known_coefficients_exactly():
 
 
 def test_fit_keeps_zero_terms_at_zero_and_drops_the_optional_ones_that_do_not_help():
-    fit = fit_of(synthetic_points(costmodel.EXERCISE2), seed=1)
+    # on a machine whose floors are all below 1e-15 s: the form's selection alone, not the bound
+    unbounded = synthetic_meta({"bandwidth_gbs": 1e16, "gemm_gflops": 1e16})
+    fit = fit_of(synthetic_points(costmodel.EXERCISE2), seed=1, meta=unbounded)
     for term, value in coefficients(costmodel.EXERCISE2).items():
         assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6, abs=1e-15), term
     assert fit.report["form"]["prefill_terms"] == ["prefill_fixed_s", "prefill_per_token_s"]
@@ -181,10 +188,78 @@ def test_fit_relative_satisfies_the_optimality_conditions_of_the_relative_error(
 
 def test_physical_readings_compare_coefficients_with_their_roofline_floor():
     physical = fit_of(synthetic_points(KNOWN)).report["physical"]
-    assert physical["decode_fixed_s"]["floor"] == pytest.approx(497_759_232 / 20e9)
-    assert physical["decode_fixed_s"]["ratio_to_floor"] == pytest.approx(0.03 / (497_759_232 / 20e9), rel=1e-6)
-    assert physical["decode_per_ctx_token_s"]["floor"] == pytest.approx(73_728 / 20e9)
-    assert physical["prefill_per_token_s"]["floor"] == pytest.approx(2 * 85_056_000 / 100e9)
+    work = roofline.term_work(architecture.GPT2_SMALL)
+    assert physical["decode_fixed_s"]["floor"] == pytest.approx(494_613_504 / 5000e9)
+    assert physical["decode_fixed_s"]["bound"] == "memory"
+    assert physical["decode_fixed_s"]["efficiency"] == pytest.approx((494_613_504 / 5000e9) / 0.03, rel=1e-6)
+    assert physical["decode_fixed_s"]["ratio_to_floor"] == pytest.approx(0.03 / (494_613_504 / 5000e9), rel=1e-6)
+    assert physical["decode_per_ctx_token_s"]["floor"] == pytest.approx(36_864 / 2000e9)
+    assert physical["prefill_per_token_s"]["floor"] == pytest.approx(work["prefill_per_token_s"].flops / 2000e9)
+    assert physical["prefill_per_token_s"]["flops"] == work["prefill_per_token_s"].flops
+    assert not any(reading["at_floor"] for reading in physical.values())
+
+
+# The machine's peaks put these terms' floors at 1.5x KNOWN's values: KNOWN's exact data, fitted
+# without the bound, beat the roofline; with it, they may not.
+BEATEN = ("decode_per_seq_s", "prefill_per_token_s", "decode_per_ctx_token_s")
+SLOW_PEAK = {"gemm_gflops": roofline.term_work(architecture.GPT2_SMALL)["decode_per_seq_s"].flops / 1.5
+             / KNOWN.decode_per_seq_s / 1e9,
+             "bandwidth_gbs": 73_728 / 1.5 / KNOWN.decode_per_ctx_token_s / 1e9}
+
+
+def test_no_fitted_term_sits_above_the_machines_roofline():
+    meta = synthetic_meta(SLOW_PEAK)
+    floors = {term: roofline.floor(work, SLOW_PEAK["bandwidth_gbs"], SLOW_PEAK["gemm_gflops"])[0]
+              for term, work in roofline.term_work(architecture.GPT2_SMALL).items()}
+    for term in BEATEN:
+        assert getattr(KNOWN, term) < floors[term]
+    points, samples = rounds_of(synthetic_points(KNOWN))
+    # the same data fitted with no bound (floors at zero): exact, and faster than the roofline
+    unbounded = fit_profile(points, samples, synthetic_meta({"bandwidth_gbs": 1e16, "gemm_gflops": 1e16}),
+                            0.25, 0.05, 0)
+    assert all(getattr(unbounded.cost_model, term) < floors[term] for term in BEATEN)
+    fit = fit_profile(points, samples, meta, 0.25, 0.05, 0)
+    for model in (fit.cost_model, CostModel(**fit.report["validation_coefficients"])):
+        for term in PREFILL_TERMS + DECODE_TERMS:
+            assert getattr(model, term) >= floors[term] * (1 - 1e-12), term
+    physical = fit.report["physical"]
+    assert all(physical[term]["at_floor"] and physical[term]["efficiency"] == pytest.approx(1.0) for term in BEATEN)
+    assert all(reading["efficiency"] <= 1 + 1e-9 for reading in physical.values())
+    assert fit.report["roofline_peak"] == pytest.approx({"bandwidth_gbs": SLOW_PEAK["bandwidth_gbs"],
+                                                         "gemm_gflops": SLOW_PEAK["gemm_gflops"]})
+    # the bound costs accuracy here, and the fit reports it rather than hiding it
+    assert fit.report["heldout_mape"] > unbounded.report["heldout_mape"]
+
+
+def test_a_decode_table_value_never_beats_its_batchs_floor():
+    bumpy = {batch: seconds for batch, seconds in BUMPY_FIXED_S.items()}
+    model = dataclasses.replace(KNOWN, decode_batch_fixed_s=tuple(bumpy.items()))
+    points = synthetic_points(model, decode_batches=tuple(bumpy))
+    # peaks at which batch 1's 30 ms is 2/3 of its weight read
+    peak = {"bandwidth_gbs": 494_613_504 / 0.045 / 1e9, "gemm_gflops": 2000.0}
+    fit = fit_of(points, meta=synthetic_meta(peak))
+    table = fit.report["decode_batch_table"]
+    assert 1 in table["kept_batches"]
+    for seconds, floor, efficiency in zip(table["fixed_s"], table["floor_s"], table["efficiency"]):
+        assert seconds >= floor * (1 - 1e-12) and efficiency <= 1 + 1e-9
+    assert dict(fit.cost_model.decode_batch_fixed_s)[1] == pytest.approx(table["floor_s"][0])
+
+
+def test_fit_relative_holds_each_coefficient_at_or_above_its_floor():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        features = rng.uniform(0.0, 1.0, size=(30, 4)) * np.array([1.0, 10.0, 1e3, 1e4])
+        measured = rng.uniform(0.5, 2.0, size=30)
+        floors = rng.uniform(0.0, 2e-4, size=4)
+        free = np.array([True, True, True, rng.random() < 0.5])
+        solution = fit_relative(features, measured, floors, free)
+        assert (solution >= floors).all() and (solution[~free] == floors[~free]).all()
+        weighted = features / measured[:, None]
+        gradient = weighted.T @ (1.0 - weighted @ solution) / np.abs(weighted).max(axis=0)
+        above = (solution > floors) & free
+        # optimal: no free coefficient above its floor can move to lower the error, none at it wants down
+        assert np.abs(gradient[above]).max(initial=0) < 1e-9
+        assert gradient[free & ~above].max(initial=-1) < 1e-9
 
 
 def test_quick_profile_fit_writes_the_cost_model_report_and_predictions(tmp_path):

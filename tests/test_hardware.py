@@ -13,7 +13,7 @@ import yaml
 from markupsafe import escape
 
 import test_report
-from servingplan import architecture, hardware, planner
+from servingplan import architecture, hardware, planner, roofline
 from servingplan.config import ConfigError, check, simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_json
@@ -25,10 +25,11 @@ GPT2 = architecture.GPT2_SMALL
 # a balance point of 1 FLOP per byte: a decode step's weight read is memory-bound at batch 1, and
 # compute-bound from batch 4 up (2 FLOPs per weight per sequence against 4 bytes per weight)
 HERE = {"name": "here", "bandwidth_gbs": 100.0, "gflops": 100.0}
-COST = CostModel(decode_fixed_s=5e-3, decode_per_seq_s=2e-3, decode_per_ctx_token_s=1e-6, prefill_fixed_s=4e-3,
-                 prefill_per_token_s=2.5e-3, prefill_per_token_sq_s=1e-8, prefill_per_token_ctx_s=2e-8,
+# every term at or above its floor on HERE, as a fit against HERE's peaks leaves it
+COST = CostModel(decode_fixed_s=5e-3, decode_per_seq_s=3e-3, decode_per_ctx_token_s=1e-6, prefill_fixed_s=6e-3,
+                 prefill_per_token_s=2.5e-3, prefill_per_token_sq_s=2e-7, prefill_per_token_ctx_s=4e-7,
                  ctx_mode="padded_max", name="measured", meta={"speed_band": {"decode": [0.9, 1.1], "prefill": [0.95, 1.05]}},
-                 decode_batch_fixed_s=((1, 7e-3), (4, 1.3e-2), (32, 7e-2)))
+                 decode_batch_fixed_s=((1, 7e-3), (4, 1.3e-2), (32, 9e-2)))
 
 
 def carried(target: dict) -> tuple[CostModel, dict]:
@@ -39,8 +40,9 @@ def carried(target: dict) -> tuple[CostModel, dict]:
 def test_a_target_identical_to_this_machine_gives_back_the_same_model():
     model, terms = carried({"bandwidth_gbs": 100.0, "gflops": 100.0})
     assert dataclasses.replace(model, name=COST.name, source=COST.source) == COST
-    assert model.meta == COST.meta
+    assert {k: v for k, v in model.meta.items() if k != "carry_over"} == COST.meta
     assert {t["scale"] for t in terms.values()} == {1.0}
+    assert not any(t["clamped"] for t in terms.values()) and model.meta["carry_over"]["clamped_terms"] == []
 
 
 def test_a_memory_bound_term_scales_with_bandwidth_alone():
@@ -75,7 +77,7 @@ def test_each_batch_of_the_decode_table_is_scaled_by_its_own_bound():
     assert terms[("decode_batch_fixed_s", 32)]["bound_here"] == "compute"
     table = dict(model.decode_batch_fixed_s)
     assert table[1] == pytest.approx(7e-3 / 1.5, rel=1e-12)
-    assert table[32] == pytest.approx(7e-2, rel=1e-12)
+    assert table[32] == pytest.approx(9e-2, rel=1e-12)
     # batch 4 is compute-bound here; more bandwidth only lowers its memory time, so it keeps its time
     assert terms[("decode_batch_fixed_s", 4)]["bound_target"] == "compute"
     assert table[4] == pytest.approx(1.3e-2, rel=1e-12)
@@ -86,19 +88,79 @@ def test_a_term_changing_bound_scales_by_the_ratio_of_the_two_roofline_times():
     # gains less than the FLOP rate alone would say
     model, terms = carried({"bandwidth_gbs": 100.0, "gflops": 2000.0})
     term = terms[("decode_batch_fixed_s", 32)]
-    work = hardware.batch_work(GPT2, 32)
+    work = roofline.batch_work(GPT2, 32)
     assert (term["bound_here"], term["bound_target"]) == ("compute", "memory")
     expected = (work.bytes / 100e9) / (work.flops / 100e9)
     assert 1 / 20 < expected < 1 and term["scale"] == pytest.approx(expected, rel=1e-12)
-    assert dict(model.decode_batch_fixed_s)[32] == pytest.approx(7e-2 * expected, rel=1e-12)
+    assert dict(model.decode_batch_fixed_s)[32] == pytest.approx(9e-2 * expected, rel=1e-12)
 
 
-def test_the_work_behind_each_term_comes_from_the_models_shape():
-    work = hardware.term_work(GPT2)
-    assert work["decode_fixed_s"] == hardware.Work(architecture.weight_bytes(GPT2), 0.0)
-    # keys and values of 12 layers of 768 float32 channels
-    assert work["decode_per_ctx_token_s"].bytes == 2 * 12 * 768 * 4
-    assert work["decode_per_seq_s"].flops == 2 * (architecture.weight_count(GPT2) - 1024 * 768)
+TARGETS = [{"bandwidth_gbs": bw, "gflops": gf, **extra} for bw in (0.5, 100.0, 320.0, 3000.0)
+           for gf in (1.0, 100.0, 8100.0) for extra in ({}, {"kind": "gpu"}, {"kind": "gpu", "launch_overhead_ms": 0.2})]
+
+
+@pytest.mark.parametrize("cost", [COST, dataclasses.replace(COST, decode_per_seq_s=1e-5, prefill_per_token_s=1e-6,
+                                                            decode_fixed_s=1e-5, decode_batch_fixed_s=((32, 1e-4),))])
+def test_no_carried_term_beats_its_targets_floor(cost):
+    """Whatever the target and even from a model faster than this machine's own floors, every carried
+    term is at least the target's roofline time of its work (and a GPU call its launch overhead)."""
+    for target in TARGETS:
+        model, rows = hardware.carry_over(cost, GPT2, HERE, {"name": "target", **target})
+        floors = roofline.term_floors(GPT2, target["bandwidth_gbs"], target["gflops"])
+        for term in roofline.TERMS:
+            assert getattr(model, term) >= floors[term][0]
+        for batch, seconds in model.decode_batch_fixed_s:
+            assert seconds >= roofline.floor(roofline.batch_work(GPT2, batch), target["bandwidth_gbs"], target["gflops"])[0]
+        overhead = hardware.launch_overhead_s(target)
+        assert model.decode_fixed_s >= overhead and model.prefill_fixed_s >= overhead
+        assert all(seconds >= overhead for _, seconds in model.decode_batch_fixed_s)
+        for row in rows:
+            assert row["seconds_target"] == max(row["seconds_scaled"], row["floor_target_s"])
+            assert row["floor_target_s"] >= row["roofline_target_s"]
+
+
+def test_a_term_faster_than_the_floor_here_is_clamped_to_the_targets_floor_and_says_so():
+    # 1 us per decoding sequence is 247 MFLOP at 247 TFLOP/s: no machine of 100 GFLOP/s does that
+    cost = dataclasses.replace(COST, decode_per_seq_s=1e-6)
+    model, rows = hardware.carry_over(cost, GPT2, HERE, {"name": "target", "bandwidth_gbs": 200.0, "gflops": 400.0})
+    row = next(r for r in rows if r["term"] == "decode_per_seq_s")
+    floor = roofline.term_work(GPT2)["decode_per_seq_s"].flops / 400e9
+    assert row["efficiency_here"] > 1 and row["seconds_scaled"] < floor
+    assert row["clamped"] and row["clamped_to"] == "roofline"
+    assert model.decode_per_seq_s == row["seconds_target"] == pytest.approx(floor)
+    assert model.meta["carry_over"]["clamped_terms"] == ["decode_per_seq_s"]
+    # a model the fit held at this machine's floors carries to the target's floors, unclamped
+    floors = {term: seconds for term, (seconds, _) in roofline.term_floors(GPT2, 100.0, 100.0).items()}
+    at_floor = CostModel(**floors, ctx_mode="padded_max")
+    model, rows = hardware.carry_over(at_floor, GPT2, HERE, {"name": "target", "bandwidth_gbs": 200.0, "gflops": 400.0})
+    assert not any(row["clamped"] for row in rows)
+    for term, (seconds, _) in roofline.term_floors(GPT2, 200.0, 400.0).items():
+        assert getattr(model, term) == pytest.approx(seconds, rel=1e-12)
+
+
+def test_a_gpu_target_floors_every_model_call_at_its_launch_overhead():
+    t4 = {"name": "t4", "bandwidth_gbs": 320.0, "gflops": 8100.0, "kind": "gpu"}
+    model, rows = hardware.carry_over(COST, GPT2, HERE, t4)
+    default = hardware.DEFAULT_GPU_LAUNCH_OVERHEAD_MS / 1000
+    # the weights' read alone (about 1.5 ms at 320 GB/s) is shorter than the host's launches
+    assert roofline.term_floors(GPT2, 320.0, 8100.0)["decode_fixed_s"][0] < default
+    assert model.decode_fixed_s == model.prefill_fixed_s == default
+    by_term = {(r["term"], r["batch"]): r for r in rows}
+    assert by_term[("decode_fixed_s", None)]["clamped_to"] == "launch overhead"
+    assert by_term[("decode_per_seq_s", None)]["launch_overhead_s"] == 0.0
+    assert all(seconds >= default for _, seconds in model.decode_batch_fixed_s)
+    carried = model.meta["carry_over"]
+    assert carried["target_kind"] == "gpu" and carried["launch_overhead_s"] == default
+    assert carried["launch_overhead_basis"] == hardware.LAUNCH_OVERHEAD_BASIS and carried["leaves_out"]
+    assert "decode_fixed_s" in carried["clamped_terms"]
+    # a configured overhead replaces the default; a CPU target has none
+    model, _ = hardware.carry_over(COST, GPT2, HERE, {**t4, "launch_overhead_ms": 0.0})
+    assert model.decode_fixed_s < default and model.meta["carry_over"]["launch_overhead_basis"] is None
+    model, _ = hardware.carry_over(COST, GPT2, HERE, {**t4, "launch_overhead_ms": 9.0})
+    assert model.decode_fixed_s == 9e-3
+    assert model.meta["carry_over"]["launch_overhead_basis"].startswith("as configured")
+    model, _ = hardware.carry_over(COST, GPT2, HERE, {**t4, "kind": "cpu"})
+    assert model.meta["carry_over"]["launch_overhead_s"] == 0.0 and model.decode_fixed_s < default
 
 
 # -- the config ---------------------------------------------------------------------------------------
@@ -122,6 +184,10 @@ def quick_config() -> dict:
                                                 "without control characters (newline, tab, ...)"),
     (lambda t: t[0].update(price_per_hour="cheap"), "config error: hardware[0].price_per_hour = 'cheap': must be of "
                                                     "type number"),
+    (lambda t: t[1].update(kind="tpu"), "config error: hardware[1].kind = 'tpu': allowed: cpu, gpu"),
+    (lambda t: t[1].update(launch_overhead_ms=-1), "config error: hardware[1].launch_overhead_ms = -1: must be >= 0"),
+    (lambda t: t[0].update(launch_overhead_ms=2.0), "config error: hardware[0].launch_overhead_ms = 2.0: applies to "
+                                                    "kind gpu only (a CPU's host loop is in the terms measured here)"),
 ])
 def test_a_bad_target_gets_one_clear_config_error(change, message):
     config = quick_config()

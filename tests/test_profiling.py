@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from servingplan import roofline
 from servingplan.profiling import machine
 from servingplan.profiling.measure import (
     QUICK_PROFILE, build_grid, decode_lengths, normalise, profile_settings, relative_speed, run_profile, speed_summary,
@@ -160,6 +161,27 @@ def test_quick_profile_metadata(quick_profile):
     trace = pd.DataFrame(meta["speed"]["trace"])
     assert set(trace.kind) == {"decode", "prefill"} and trace.groupby("kind").size().min() >= 2
     assert meta["speed"]["moved_pct"] >= 0 and set(meta["speed"]["by_kind"]) == {"decode", "prefill"}
+
+
+def test_the_roofline_is_the_peak_of_probes_read_through_the_profile_on_the_models_products(quick_profile):
+    points, meta = quick_profile[0], quick_profile[2]
+    peak = meta["roofline"]
+    readings = peak["readings"]
+    assert [r["label"] for r in readings] == ["start"] + [f"before round {r + 1}" for r in
+                                                          range(1, QUICK_PROFILE["rounds"])] + ["end"]
+    assert [r["t_s"] for r in readings] == sorted(r["t_s"] for r in readings)
+    assert peak["bandwidth_gbs"] == max(r["bandwidth_gbs"] for r in readings)
+    assert peak["gemm_gflops"] == max(rate for r in readings for rate in r["gemm_by_shape"].values())
+    arch = roofline.architecture_of(meta["model"])
+    products = roofline.gemm_shapes(arch, max(QUICK_PROFILE["decode_batches"]), max(QUICK_PROFILE["prefill_lengths"]))
+    size = QUICK_PROFILE["gemm_size"]
+    assert peak["gemm_shapes"] == [list(shape) for shape in products] + [[size, size, size]]
+    assert all(set(r["gemm_by_shape"]) == {machine.shape_name(s) for s in peak["gemm_shapes"]} for r in readings)
+    # every point's floor counts its work with the one roofline work model, at the peaks
+    for point in points.itertuples():
+        work = roofline.call_work(arch, point.kind, point.batch, point.prompt_len, point.cached)
+        assert (point.flops, point.bytes) == pytest.approx((work.flops, work.bytes), rel=1e-12)
+        assert point.floor_s == pytest.approx(max(work.bytes / (peak["bandwidth_gbs"] * 1e9), work.flops / (peak["gemm_gflops"] * 1e9)), rel=1e-12)
 
 
 def test_measured_kv_bytes_per_token_is_two_tensors_per_layer_in_float32(quick_profile):

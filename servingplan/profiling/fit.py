@@ -7,12 +7,23 @@
 `points`, `samples` and `meta` are what servingplan.profiling.measure writes (every grid point measured
 in several rounds, each call normalised to the run's typical speed); `fit_cfg` is config.yaml's `fit`.
 
-Forms, each fitted by non-negative least squares (scipy.optimize.nnls) on relative error (rows weighted by 1/median):
+Forms, each fitted by least squares on relative error (rows weighted by 1/median), every coefficient at
+least its roofline floor:
     prefill  t(L, P) = p0 + p1 L + p2 L^2 + p3 L P     on kinds prefill and prefill_cached
     decode   t(B, T) = f(B) + c B T                    on kind decode, T the longest context
 f(B) is the line a + b B, or for the batches where it earns its place a per-batch value. The engine
 pads a decode batch to its longest sequence, so the decode call reads B * max context KV tokens: the
 cost model is written with ctx_mode "padded_max".
+
+Physics bounds the fit. Each coefficient is the time of one unit of work (servingplan.roofline counts
+its bytes and FLOPs), which this machine cannot do faster than its roofline floor, max(bytes / peak
+bandwidth, FLOPs / peak GEMM rate), from the peaks the profiler measured (machine.json `roofline`).
+So every coefficient is written as floor + x with x >= 0 and the x fitted by non-negative least
+squares (scipy.optimize.nnls): no term can sit above 100% of the roofline, by construction. A decode
+table value f(B) has the floor of the whole batch's work (its weights once, B sequences), and an
+optional prefill term that does not earn its place is held at its floor rather than at zero (the work
+is there; its floor is the least it costs). The report gives each term's efficiency (floor / value)
+and whether the bound holds it at its floor.
 
 A fit that does not learn noise. Every grid point was measured in R rounds spread over the profile, so
 the fit can be scored on rounds it has not seen: fitted on the median of R - 1 rounds, it predicts the
@@ -21,7 +32,8 @@ only where it predicts held-out rounds better than the simpler form does:
 - per batch B, a table value f(B) is kept only if the table form (a value per batch, shared c)
   predicts the held-out rounds at B with a smaller mean absolute error than the line (a + b B + c B T
   fitted from DECODE_FIT_MIN_BATCH up); a bump that is not there in every round is noise and goes;
-- the prefill terms p2 and p3 are kept only if dropping them makes the held-out rounds' error larger.
+- the prefill terms p2 and p3 are fitted only if holding them at their floors makes the held-out rounds'
+  error larger.
 The shipped decode part is then fitted jointly: a value per kept batch, one line for the other batches,
 one c. The cost model carries the table for every profiled batch (the line's value where no table
 value was kept), and the line-only fit's a and b, b continuing the table beyond its largest batch.
@@ -41,11 +53,13 @@ predicted_s, error_pct (shipped fit), in_holdout, validation_predicted_s, valida
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from servingplan import roofline
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_csv, write_json
 
@@ -59,6 +73,8 @@ DECODE_FIT_MIN_BATCH = 2
 # An extra degree of freedom must lower the held-out rounds' mean relative error by more than this to
 # stay: below it the two forms predict alike (on exact data they differ by rounding alone).
 SELECTION_MARGIN = 1e-6
+# a coefficient within this relative distance of its floor is held there by the bound (rounding aside)
+AT_FLOOR_TOLERANCE = 1e-9
 
 PREFILL_TERMS = ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_token_sq_s", "prefill_per_token_ctx_s")
 OPTIONAL_PREFILL_TERMS = ("prefill_per_token_sq_s", "prefill_per_token_ctx_s")
@@ -86,13 +102,21 @@ def decode_features(points: pd.DataFrame) -> np.ndarray:
     return np.column_stack([np.ones_like(batch), batch, batch * context])
 
 
-def fit_relative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the squared relative error of the predictions."""
+def fit_relative(features: np.ndarray, measured: np.ndarray, floors=None, free=None) -> np.ndarray:
+    """Coefficients minimising the squared relative error of the predictions, each at least its floor
+    (zero by default): floor + x with x >= 0 by non-negative least squares, so the bound holds by
+    construction. Columns not `free` are held at their floor."""
+    floors = np.zeros(features.shape[1]) if floors is None else np.asarray(floors, float)
+    free = np.ones(features.shape[1], dtype=bool) if free is None else np.asarray(free, bool)
     weighted = features / measured[:, None]
-    # Columns span 1 to L^2 ~ 1e5: scale them to one so the solver's tolerance means the same for each.
-    scale = np.abs(weighted).max(axis=0)
-    scale[scale == 0] = 1.0
-    return nnls(weighted / scale, np.ones_like(measured))[0] / scale
+    above = np.zeros(features.shape[1])
+    if free.any():
+        columns = weighted[:, free]
+        # Columns span 1 to L^2 ~ 1e5: scale them to one so the solver's tolerance means the same for each.
+        scale = np.abs(columns).max(axis=0)
+        scale[scale == 0] = 1.0
+        above[free] = nnls(columns / scale, 1.0 - weighted @ floors)[0] / scale
+    return floors + above
 
 
 def holdout_mask(points: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
@@ -117,54 +141,87 @@ def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
 
 
 @dataclass(frozen=True)
+class Floors:
+    """The profiled machine's roofline floor of each coefficient (seconds) and of a decode table value
+    f(B) (the whole batch's work), from its peak bandwidth and GEMM rate."""
+    arch: dict
+    bandwidth_gbs: float
+    gflops: float
+
+    @classmethod
+    def of(cls, meta: dict) -> "Floors":
+        peak = meta["roofline"]
+        return cls(roofline.architecture_of(meta["model"]), float(peak["bandwidth_gbs"]), float(peak["gemm_gflops"]))
+
+    @cached_property
+    def _terms(self) -> dict:
+        return {term: seconds for term, (seconds, _) in
+                roofline.term_floors(self.arch, self.bandwidth_gbs, self.gflops).items()}
+
+    def term(self, name: str) -> float:
+        return self._terms[name]
+
+    def terms(self, names) -> np.ndarray:
+        return np.array([self.term(name) for name in names])
+
+    def batch(self, batch: int) -> float:
+        return roofline.floor(roofline.batch_work(self.arch, batch), self.bandwidth_gbs, self.gflops)[0]
+
+
+@dataclass(frozen=True)
 class Form:
     """What a fit may use: the prefill terms, and the decode batches that get a value of their own."""
     prefill_terms: tuple = PREFILL_TERMS
     table_batches: tuple = ()
 
 
-def fit_prefill(points: pd.DataFrame, target: np.ndarray, terms: tuple) -> dict:
-    columns = [PREFILL_TERMS.index(term) for term in terms]
-    values = fit_relative(prefill_features(points)[:, columns], target)
-    return {term: float(dict(zip(terms, values)).get(term, 0.0)) for term in PREFILL_TERMS}
+def fit_prefill(points: pd.DataFrame, target: np.ndarray, terms: tuple, floors: Floors) -> dict:
+    """The prefill coefficients, `terms` fitted above their floors and the others held at them."""
+    free = [term in terms for term in PREFILL_TERMS]
+    values = fit_relative(prefill_features(points), target, floors.terms(PREFILL_TERMS), free)
+    return {term: float(value) for term, value in zip(PREFILL_TERMS, values)}
 
 
-def fit_decode_line(points: pd.DataFrame, target: np.ndarray) -> dict:
+def fit_decode_line(points: pd.DataFrame, target: np.ndarray, floors: Floors) -> dict:
     rows = (points["batch"] >= DECODE_FIT_MIN_BATCH).to_numpy()
     if not rows.any():
         rows[:] = True
-    values = fit_relative(decode_features(points[rows]), target[rows])
+    values = fit_relative(decode_features(points[rows]), target[rows], floors.terms(DECODE_TERMS))
     return dict(zip(DECODE_TERMS, (float(v) for v in values)))
 
 
-def fit_decode_joint(points: pd.DataFrame, target: np.ndarray, table_batches: tuple) -> tuple[tuple, float]:
+def fit_decode_joint(points: pd.DataFrame, target: np.ndarray, table_batches: tuple,
+                     floors: Floors) -> tuple[tuple, float]:
     """((batch, f(B)) for every batch in `points`, c): a value per table batch, one line a + b B for
     the other batches, one c, fitted together."""
     batch = points["batch"].to_numpy()
     own = [b for b in table_batches if (batch == b).any()]
     on_line = ~np.isin(batch, own)
     columns = [batch == b for b in own]
+    lower = [floors.batch(b) for b in own]
     if on_line.any():
         columns += [on_line, on_line * batch]
+        lower += [floors.term("decode_fixed_s"), floors.term("decode_per_seq_s")]
     columns.append(batch * points["cached"].to_numpy(float))
-    values = fit_relative(np.column_stack(columns).astype(float), target)
+    lower.append(floors.term("decode_per_ctx_token_s"))
+    values = fit_relative(np.column_stack(columns).astype(float), target, lower)
     own_values = dict(zip(own, values))
     line_fixed, line_slope = (values[len(own)], values[len(own) + 1]) if on_line.any() else (0.0, 0.0)
     table = tuple((int(b), float(own_values.get(b, line_fixed + line_slope * b))) for b in np.unique(batch))
     return table, float(values[-1])
 
 
-def fit_model(points: pd.DataFrame, target: np.ndarray, form: Form) -> tuple[dict, tuple]:
+def fit_model(points: pd.DataFrame, target: np.ndarray, form: Form, floors: Floors) -> tuple[dict, tuple]:
     """Coefficients and decode table of `form` fitted to `target` (seconds per row of `points`, which
-    holds prefill and decode kinds only)."""
+    holds prefill and decode kinds only), none below its floor."""
     prefill = points["kind"].isin(PREFILL_KINDS).to_numpy()
     decode = points["kind"].isin(DECODE_KINDS).to_numpy()
-    coefficients = fit_prefill(points[prefill], target[prefill], form.prefill_terms)
-    line = fit_decode_line(points[decode], target[decode])
+    coefficients = fit_prefill(points[prefill], target[prefill], form.prefill_terms, floors)
+    line = fit_decode_line(points[decode], target[decode], floors)
     coefficients.update(line)
     if not form.table_batches:
         return coefficients, ()
-    table, per_ctx_token_s = fit_decode_joint(points[decode], target[decode], form.table_batches)
+    table, per_ctx_token_s = fit_decode_joint(points[decode], target[decode], form.table_batches, floors)
     return {**coefficients, "decode_per_ctx_token_s": per_ctx_token_s}, table
 
 
@@ -188,25 +245,25 @@ def per_round_medians(points: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFra
     return table.loc[points["point_id"].to_numpy()].reset_index(drop=True)
 
 
-def round_errors(points: pd.DataFrame, rounds: pd.DataFrame, form: Form) -> np.ndarray:
+def round_errors(points: pd.DataFrame, rounds: pd.DataFrame, form: Form, floors: Floors) -> np.ndarray:
     """Per point, the mean absolute relative error of predicting each round from a fit on the median
     of the other rounds."""
     errors = []
     for held in rounds.columns:
         target = rounds.drop(columns=held).median(axis=1).to_numpy(float)
-        predicted = predict(points, *fit_model(points, target, form))
+        predicted = predict(points, *fit_model(points, target, form, floors))
         measured = rounds[held].to_numpy(float)
         errors.append(np.abs(predicted - measured) / measured)
     return np.mean(errors, axis=0)
 
 
-def select_form(points: pd.DataFrame, rounds: pd.DataFrame) -> tuple[Form, dict]:
+def select_form(points: pd.DataFrame, rounds: pd.DataFrame, floors: Floors) -> tuple[Form, dict]:
     """The form whose every extra degree of freedom predicts held-out rounds better than going
     without it (see the module docstring), and the scores behind each decision."""
     decode = points["kind"].isin(DECODE_KINDS).to_numpy()
     batches = tuple(int(b) for b in sorted(points.loc[decode, "batch"].unique()))
-    line_error = round_errors(points, rounds, Form())
-    table_error = round_errors(points, rounds, Form(table_batches=batches))
+    line_error = round_errors(points, rounds, Form(), floors)
+    table_error = round_errors(points, rounds, Form(table_batches=batches), floors)
     batch_scores, kept = {}, []
     for batch in batches:
         rows = decode & (points["batch"] == batch).to_numpy()
@@ -218,10 +275,10 @@ def select_form(points: pd.DataFrame, rounds: pd.DataFrame) -> tuple[Form, dict]
     form = Form(table_batches=tuple(kept))
     prefill = points["kind"].isin(PREFILL_KINDS).to_numpy()
     term_scores = {}
-    with_term = float(round_errors(points, rounds, form)[prefill].mean())
+    with_term = float(round_errors(points, rounds, form, floors)[prefill].mean())
     for term in OPTIONAL_PREFILL_TERMS:
         without = Form(tuple(t for t in form.prefill_terms if t != term), form.table_batches)
-        without_term = float(round_errors(points, rounds, without)[prefill].mean())
+        without_term = float(round_errors(points, rounds, without, floors)[prefill].mean())
         keep = with_term < without_term - SELECTION_MARGIN
         term_scores[term] = {"with_round_mape": with_term, "without_round_mape": without_term, "kept": keep}
         if not keep:
@@ -229,31 +286,22 @@ def select_form(points: pd.DataFrame, rounds: pd.DataFrame) -> tuple[Form, dict]
     return form, {"decode_table": batch_scores, "prefill_terms": term_scores}
 
 
-def physical_readings(coefficients: dict, meta: dict) -> dict:
-    """Each coefficient next to the roofline floor of the work it pays for (ratio = coefficient/floor)."""
-    model, memory, roofline = meta["model"], meta["memory"], meta["roofline"]
-    bandwidth = roofline["bandwidth_gbs"] * 1e9
-    gemm = roofline["gemm_gflops"] * 1e9
-    matmul_flops_per_token = 2.0 * model["non_embedding_param_count"]
-    attention_flops = 4.0 * model["n_layer"] * model["n_embd"]
-    lm_head_flops = 2.0 * model["n_embd"] * model["vocab_size"]
-    floors = {
-        "decode_fixed_s": (memory["param_bytes"] / bandwidth, "param_bytes / bandwidth: stream every weight once"),
-        "decode_per_seq_s": ((matmul_flops_per_token + lm_head_flops) / gemm,
-                             "2 x (non-embedding params + LM head) / GEMM rate: one more token of matmuls"),
-        "decode_per_ctx_token_s": (memory["kv_bytes_per_token"] / bandwidth,
-                                   "kv_bytes_per_token / bandwidth: read one cached token's K and V once"),
-        "prefill_fixed_s": (memory["param_bytes"] / bandwidth,
-                            "param_bytes / bandwidth: stream every weight once"),
-        "prefill_per_token_s": (matmul_flops_per_token / gemm, "2 x non-embedding params / GEMM rate"),
-        "prefill_per_token_sq_s": (attention_flops / gemm,
-                                   "4 x n_layer x n_embd / GEMM rate: QK^T and AV over the full L x L "
-                                   "(a causal kernel that skips the masked half can reach a ratio of 0.5)"),
-        "prefill_per_token_ctx_s": (attention_flops / gemm, "4 x n_layer x n_embd / GEMM rate: QK^T and AV"),
-    }
-    return {term: {"value": coefficients[term], "unit": UNITS[term], "floor": floor, "floor_basis": basis,
-                   "ratio_to_floor": coefficients[term] / floor}
-            for term, (floor, basis) in floors.items()}
+def physical_readings(coefficients: dict, floors: Floors) -> dict:
+    """Each coefficient next to the roofline floor of the work it pays for (servingplan.roofline):
+    efficiency = floor / coefficient (at most 1: the fit holds every term at or above its floor),
+    ratio_to_floor its inverse, at_floor whether the bound holds it there."""
+    work = roofline.term_work(floors.arch)
+    readings = {}
+    for term in PREFILL_TERMS + DECODE_TERMS:
+        floor, bound = roofline.floor(work[term], floors.bandwidth_gbs, floors.gflops)
+        value = coefficients[term]
+        readings[term] = {"value": value, "unit": UNITS[term], "floor": floor, "bound": bound,
+                          "bytes": work[term].bytes, "flops": work[term].flops,
+                          "floor_basis": f"{roofline.BASIS[term]}; {bound}-bound at the measured peak",
+                          "efficiency": floor / value if value > 0 else None,
+                          "ratio_to_floor": value / floor if floor > 0 else None,
+                          "at_floor": bool(value <= floor * (1 + AT_FLOOR_TOLERANCE))}
+    return readings
 
 
 def residual_structure(points: pd.DataFrame, error: np.ndarray, mape_goal: float) -> dict:
@@ -300,16 +348,17 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
     fitted = points["kind"].isin(PREFILL_KINDS + DECODE_KINDS).to_numpy()
     train_points = points[fitted].reset_index(drop=True)
     rounds = per_round_medians(train_points, samples)
-    form, selection = select_form(train_points, rounds)
+    floors = Floors.of(meta)
+    form, selection = select_form(train_points, rounds, floors)
 
     held = holdout_mask(train_points, holdout_fraction, seed)
     in_holdout = np.zeros(len(points), dtype=bool)
     in_holdout[np.flatnonzero(fitted)[held]] = True
     target = train_points["median_s"].to_numpy(float)
-    shipped, shipped_table = fit_model(train_points, target, form)
-    line_only, _ = fit_model(train_points, target, Form(form.prefill_terms))
-    validation, validation_table = fit_model(train_points[~held], target[~held], form)
-    validation_line, _ = fit_model(train_points[~held], target[~held], Form(form.prefill_terms))
+    shipped, shipped_table = fit_model(train_points, target, form, floors)
+    line_only, _ = fit_model(train_points, target, Form(form.prefill_terms), floors)
+    validation, validation_table = fit_model(train_points[~held], target[~held], form, floors)
+    validation_line, _ = fit_model(train_points[~held], target[~held], Form(form.prefill_terms), floors)
 
     measured = points["median_s"].to_numpy(float)
     predicted = predict(points, shipped, shipped_table)
@@ -319,7 +368,7 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
     error = (predicted - measured) / measured
     validation_error = (validation_predicted - measured) / measured
     round_error = np.full(len(points), np.nan)
-    round_error[fitted] = round_errors(train_points, rounds, form)
+    round_error[fitted] = round_errors(train_points, rounds, form, floors)
 
     predictions = pd.DataFrame({
         "point_id": points["point_id"], "kind": points["kind"], "batch": points["batch"],
@@ -353,6 +402,8 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
         "kept_batches": list(form.table_batches),
         "batches": [batch for batch, _ in shipped_table],
         "fixed_s": [seconds for _, seconds in shipped_table],
+        "floor_s": [floors.batch(batch) for batch, _ in shipped_table],
+        "efficiency": [floors.batch(batch) / seconds for batch, seconds in shipped_table],
         "line_fixed_s": [line_only["decode_fixed_s"] + line_only["decode_per_seq_s"] * batch
                          for batch, _ in shipped_table],
         "line_per_ctx_token_s": line_only["decode_per_ctx_token_s"],
@@ -388,7 +439,8 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
         "decode_batch_table": decode_table_report,
         "ctx_mode": CTX_MODE,
         "parts": parts,
-        "physical": physical_readings(shipped, meta),
+        "physical": physical_readings(shipped, floors),
+        "roofline_peak": {"bandwidth_gbs": floors.bandwidth_gbs, "gemm_gflops": floors.gflops},
         "residual_structure": residual_structure(points[fitted], error[fitted], mape_goal),
         "batched_prefill": [
             {"batch": int(row.batch), "prompt_len": int(row.prompt_len), "measured_s": row.median_s,

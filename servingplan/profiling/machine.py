@@ -3,13 +3,18 @@
 `fingerprint(threads)` is cheap (no torch import, no measurement) so the pipeline can put it in output
 paths while it builds its job graph; `describe_machine`, `memory_bandwidth_gbs` and `gemm_gflops`
 are measured in the same run as the profile they qualify.
+
+A peak is measured as a peak: each probe times its work `repeats` times and keeps the fastest, the
+GEMM probe runs the model's own products (servingplan.roofline.gemm_shapes) beside a square one, and
+the profiler reads the probes several times through its run (`peak_roofline` keeps every reading and
+the highest of each): a machine whose speed moves is at its peak only some of the time, and the floors
+the fit must respect are only floors if they come from the fastest the machine went.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import platform
-import statistics
 import time
 from importlib.metadata import version
 
@@ -76,7 +81,8 @@ def describe_machine(threads: int | None = None, device: str = "cpu") -> dict:
     }
 
 
-def _median_seconds(run, repeats: int, device) -> float:
+def _best_seconds(run, repeats: int, device) -> float:
+    """The fastest of `repeats` timed runs: what the machine can do, not what it did on average."""
     from servingplan.device import wait_for
     run()  # first touch: page faults and lazy kernel selection are not what we measure
     wait_for(device)
@@ -86,30 +92,65 @@ def _median_seconds(run, repeats: int, device) -> float:
         run()
         wait_for(device)
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return min(samples)
 
 
 def memory_bandwidth_gbs(probe_bytes: int, repeats: int = PROBE_REPEATS, device: str = "cpu") -> float:
     """Read bandwidth (decimal GB/s) of summing a float32 buffer far larger than the caches, in the
-    memory of `device` (the GPU's for cuda)."""
+    memory of `device` (the GPU's for cuda), at its fastest of `repeats`."""
     import torch
     buffer = torch.rand(probe_bytes // 4, dtype=torch.float32).to(device)
-    seconds = _median_seconds(buffer.sum, repeats, buffer.device)
+    seconds = _best_seconds(buffer.sum, repeats, buffer.device)
     return buffer.nbytes / seconds / 1e9
+
+
+def product_gflops(shape: tuple[int, int, int], repeats: int = PROBE_REPEATS, device: str = "cpu") -> float:
+    """float32 rate (GFLOP/s) of one (rows x inner) @ (inner x outer) product on `device`, at its
+    fastest of `repeats`."""
+    import torch
+    rows, inner, outer = shape
+    generator = torch.Generator().manual_seed(0)
+    left = torch.randn(rows, inner, generator=generator).to(device)
+    right = torch.randn(inner, outer, generator=generator).to(device)
+    seconds = _best_seconds(lambda: torch.matmul(left, right), repeats, left.device)
+    return 2.0 * rows * inner * outer / seconds / 1e9
 
 
 def gemm_gflops(size: int, repeats: int = PROBE_REPEATS, device: str = "cpu") -> float:
     """float32 matrix-multiply rate (GFLOP/s) of one size x size x size product on `device`."""
-    import torch
-    generator = torch.Generator().manual_seed(0)
-    left = torch.randn(size, size, generator=generator).to(device)
-    right = torch.randn(size, size, generator=generator).to(device)
-    seconds = _median_seconds(lambda: torch.matmul(left, right), repeats, left.device)
-    return 2.0 * size**3 / seconds / 1e9
+    return product_gflops((size, size, size), repeats, device)
 
 
-def roofline_probes(probe_bytes: int, gemm_size: int, device: str = "cpu") -> dict:
-    """The memory bandwidth and GEMM rate of `device`, the ceilings its calls are judged against."""
+def shape_name(shape) -> str:
+    return "x".join(str(int(n)) for n in shape)
+
+
+def roofline_probes(probe_bytes: int, gemm_size: int, device: str = "cpu", gemm_shapes=()) -> dict:
+    """One reading of the memory bandwidth and GEMM rate of `device`: the rate of each product of
+    `gemm_shapes` (rows, inner, outer) and of the square gemm_size one, `gemm_gflops` the highest."""
+    shapes = [tuple(int(n) for n in shape) for shape in gemm_shapes] + [(gemm_size, gemm_size, gemm_size)]
+    by_shape = {shape_name(shape): product_gflops(shape, device=device) for shape in shapes}
     return {"bandwidth_gbs": memory_bandwidth_gbs(probe_bytes, device=device),
-            "gemm_gflops": gemm_gflops(gemm_size, device=device),
+            "gemm_gflops": max(by_shape.values()), "gemm_by_shape": by_shape,
             "probe_bytes": probe_bytes, "gemm_size": gemm_size, "probe_repeats": PROBE_REPEATS}
+
+
+def peak_roofline(readings: list[dict]) -> dict:
+    """machine.json's `roofline` from every reading ({label, t_s, bandwidth_gbs, gemm_gflops,
+    gemm_by_shape, ...}): the highest bandwidth and GEMM rate of any reading, which reading and product
+    gave each, how far the readings moved, and the readings themselves."""
+    bandwidth = max(readings, key=lambda r: r["bandwidth_gbs"])
+    gemm = max(readings, key=lambda r: r["gemm_gflops"])
+    best_shape = max(gemm["gemm_by_shape"], key=gemm["gemm_by_shape"].get)
+
+    def lowest_over_peak(key: str) -> float:
+        return min(r[key] for r in readings) / max(r[key] for r in readings)
+
+    return {"bandwidth_gbs": bandwidth["bandwidth_gbs"], "gemm_gflops": gemm["gemm_gflops"],
+            "probe_bytes": readings[0]["probe_bytes"], "gemm_size": readings[0]["gemm_size"],
+            "gemm_shapes": [[int(n) for n in name.split("x")] for name in readings[0]["gemm_by_shape"]],
+            "probe_repeats": readings[0]["probe_repeats"],
+            "peak": {"bandwidth_reading": bandwidth["label"], "gemm_reading": gemm["label"], "gemm_shape": best_shape,
+                     "bandwidth_lowest_over_peak": lowest_over_peak("bandwidth_gbs"),
+                     "gemm_lowest_over_peak": lowest_over_peak("gemm_gflops")},
+            "readings": readings}

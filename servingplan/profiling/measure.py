@@ -40,14 +40,17 @@ points CSV, one row per grid point:
     already in the KV cache), median_s (see above), round_min_s, round_max_s, spread_pct (100 x
     (max - min) / median of the per-round medians), raw_median_s, raw_spread_pct (the same without
     normalising), p10_s, p90_s, mean_s, min_s (over every normalised call), n_repeats (timed calls),
-    n_rounds, flops, bytes (weights + KV read), floor_mem_s (bytes / probed bandwidth), floor_compute_s
-    (flops / probed GEMM rate), floor_s (the larger), bound, efficiency (floor_s / median_s), cpu_share
+    n_rounds, flops, bytes (the work the call cannot avoid, servingplan.roofline.call_work), floor_mem_s
+    (bytes / peak bandwidth), floor_compute_s (flops / peak GEMM rate), floor_s (the larger), bound,
+    efficiency (floor_s / median_s), cpu_share
     (median over its calls of the CPU time the process got over threads x wall time: well below 1 means
     other load competed for the cores)
 samples CSV, one row per timed call: point_id, kind, batch, prompt_len, cached, round, repeat, t_s
     (seconds since the profile started, at the call's middle), seconds, speed (the reference's relative
     speed then), normalized_s (seconds / speed), cpu_share
-meta JSON: machine, roofline probes (at start and end, and their mean), model, memory (param bytes,
+meta JSON: machine, roofline (the peak bandwidth and GEMM rate over every reading of the probes: at the
+    start, before each later round and at the end, the GEMM on the model's own products; see
+    machine.peak_roofline), model, memory (param bytes,
     KV bytes per token measured and expected, peak RSS), the settings used, the speed trace and its
     summary (`speed`), the rounds' spread before and after normalising, load averages, and wall_time_s.
 """
@@ -67,6 +70,7 @@ import psutil
 import torch
 from tqdm import tqdm
 
+from servingplan import roofline as work_model
 from servingplan.device import model_device, wait_for
 from servingplan.io import write_csv, write_json
 from servingplan.pipeline import terminal
@@ -221,18 +225,6 @@ def round_spread(values: pd.Series) -> float:
     return float(100.0 * (values.max() - values.min()) / values.median()) if len(values) > 1 else 0.0
 
 
-def point_work(point: GridPoint, model_meta: dict, kv_bytes_per_token: float) -> tuple[float, float]:
-    """(FLOPs, bytes) the call cannot avoid: every weight read once plus the KV it attends over (a
-    padded decode batch attends over the longest context in every row)."""
-    batch, new, cached = point.batch, point.prompt_len, point.cached
-    n_layer, n_embd = model_meta["n_layer"], model_meta["n_embd"]
-    flops = (2.0 * model_meta["non_embedding_param_count"] * batch * new
-             + 4.0 * n_layer * n_embd * batch * new * (new + cached)
-             + 2.0 * n_embd * model_meta["vocab_size"] * batch)
-    bytes_read = model_meta["param_bytes"] + kv_bytes_per_token * batch * (cached + new)
-    return flops, bytes_read
-
-
 def measured_kv_bytes_per_token(model) -> float:
     """KV bytes one token adds, read off the cache a real prefill builds."""
     input_ids = torch.zeros(1, KV_PROBE_TOKENS, dtype=torch.long, device=model_device(model))
@@ -309,7 +301,16 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     device = model_cfg.get("device", "cpu")
     model, model_meta = load_model(source, seed, QUICK_CONFIG_OVERRIDES if tiny else None, device)
     rss_after_load = psutil.Process().memory_info().rss
-    roofline_at_start = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"], device)
+    arch = work_model.architecture_of(model_meta)
+    gemm_shapes = work_model.gemm_shapes(arch, max(settings["decode_batches"]), max(settings["prefill_lengths"]))
+
+    def read_probes(label: str) -> dict:
+        reading = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"], device, gemm_shapes)
+        return {"label": label, "t_s": time.perf_counter() - started, **reading}
+
+    # the peaks are read through the run, beside the speed trace: the machine is at its fastest only
+    # some of the time, and the roofline is the fastest it went
+    probe_readings = [read_probes("start")]
     kv_bytes_per_token = measured_kv_bytes_per_token(model)
 
     grid = build_grid(settings)
@@ -325,6 +326,8 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     with torch.inference_mode(), tqdm(total=rounds * len(grid), desc="profile", unit="pt", file=terminal(),
                                       disable=not progress, mininterval=5.0) as bar:
         for round_number in range(rounds):
+            if round_number:
+                probe_readings.append(read_probes(f"before round {round_number + 1}"))
             # A shuffled order per round turns slow drifts of the machine into noise spread over the
             # grid instead of a trend along one axis that the fit would mistake for cost.
             for point_id in shuffler.sample(range(len(grid)), len(grid)):
@@ -341,16 +344,12 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                                 for repeat, (t_s, seconds, share) in enumerate(timed)]
                 bar.update()
         tracer.record()
-    roofline_at_end = machine.roofline_probes(settings["probe_bytes"], settings["gemm_size"], device)
-    roofline = {**roofline_at_start,
-                "bandwidth_gbs": (roofline_at_start["bandwidth_gbs"] + roofline_at_end["bandwidth_gbs"]) / 2,
-                "gemm_gflops": (roofline_at_start["gemm_gflops"] + roofline_at_end["gemm_gflops"]) / 2,
-                "at_start": roofline_at_start, "at_end": roofline_at_end}
+    probe_readings.append(read_probes("end"))
+    roofline = machine.peak_roofline(probe_readings)
 
     trace = tracer.frame()
     samples = normalise(pd.DataFrame(sample_rows), trace)
-    points = pd.DataFrame([_point_row(point_id, point, samples[samples["point_id"] == point_id], model_meta,
-                                      kv_bytes_per_token, roofline)
+    points = pd.DataFrame([_point_row(point_id, point, samples[samples["point_id"] == point_id], arch, roofline)
                            for point_id, point in enumerate(grid)])
     expected_kv = 2 * model_meta["n_layer"] * model_meta["n_embd"] * FLOAT32_BYTES
     meta = {
@@ -381,8 +380,9 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     return Profile(points, samples, meta)
 
 
-def _point_row(point_id, point, samples, model_meta, kv_bytes_per_token, roofline) -> dict:
-    flops, bytes_read = point_work(point, model_meta, kv_bytes_per_token)
+def _point_row(point_id, point, samples, arch, roofline) -> dict:
+    work = work_model.call_work(arch, point.kind, point.batch, point.prompt_len, point.cached)
+    flops, bytes_read = work.flops, work.bytes
     floor_mem = bytes_read / (roofline["bandwidth_gbs"] * 1e9)
     floor_compute = flops / (roofline["gemm_gflops"] * 1e9)
     per_round = samples.groupby("round")["normalized_s"].median()

@@ -71,6 +71,7 @@ def model_metadata(model: GPT2LMHeadModel, source: str, seed: int, config_overri
         "n_layer": config.n_layer,
         "n_head": config.n_head,
         "n_embd": config.n_embd,
+        "n_inner": config.n_inner,
         "n_positions": config.n_positions,
         "vocab_size": config.vocab_size,
         "attn_implementation": config._attn_implementation,
