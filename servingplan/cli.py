@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from datetime import datetime
@@ -20,7 +21,7 @@ import pandas as pd
 
 from servingplan import costmodel, users, vllm_result, workload
 from servingplan.capacity import Criterion
-from servingplan.io import InputError, check_output_path, quiet_on_closed_pipe
+from servingplan.io import MAX_NAME_BYTES, InputError, check_output_path, quiet_on_closed_pipe
 from servingplan.metrics import SLO, finite_or_none, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import POLICIES, simulate
@@ -143,8 +144,11 @@ def result_date(text: str) -> str:
 
 def file_name(text: str) -> str:
     """A result file name: one path component, no directory (that is --result-dir)."""
-    if not text or "/" in text or text in (".", "..") or "\0" in text or len(text) > 255:
+    if not text or "/" in text or text in (".", "..") or "\0" in text:
         raise argparse.ArgumentTypeError(f"{text!r}: must be a file name without '/' (the directory is --result-dir)")
+    if len(os.fsencode(text)) > MAX_NAME_BYTES:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}...: {len(os.fsencode(text))} bytes long, at most "
+                                         f"{MAX_NAME_BYTES} allowed in a file name")
     return text
 
 
@@ -661,7 +665,7 @@ def result_plan(args, cost, traces) -> tuple[str, int]:
                 for seed, rate, _ in traces:
                     try:
                         check_output_path(args.result_dir, result_name(args, cost, policy, cap, rate, seed, date),
-                                          "--result-filename" if args.result_filename else "result file")
+                                          "--result-filename" if args.result_filename else "result file", "--result-dir")
                     except InputError as exc:
                         raise UsageError(f"--save-result: {exc}") from None
     return date, runs

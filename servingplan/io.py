@@ -115,7 +115,7 @@ def parse_json(text: str, what: str):
         raise ValueError(f"{what}: not a JSON document ({' '.join(str(exc).split())})") from None
 
 
-def check_output_path(directory, filename: str, what: str) -> Path:
+def check_output_path(directory, filename: str, what: str, directory_what: str = "result directory") -> Path:
     """The path `filename` names inside the existing, writable `directory`, checked before any work:
     a plain file name (no folder part, so the file stays in its folder), at most MAX_NAME_BYTES long,
     and, if the file exists, a regular file (never a symlink or a device, which a write would replace
@@ -128,10 +128,10 @@ def check_output_path(directory, filename: str, what: str) -> Path:
         raise InputError(f"{what} {filename[:40]!r}...: {len(os.fsencode(filename))} bytes long, at most "
                          f"{MAX_NAME_BYTES} allowed")
     if not directory.is_dir():
-        raise InputError(f"result directory {str(directory)!r}: "
+        raise InputError(f"{directory_what} {str(directory)!r}: "
                          f"{'not a directory' if directory.exists() else 'no such directory'}")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise InputError(f"result directory {str(directory)!r}: not writable")
+        raise InputError(f"{directory_what} {str(directory)!r}: not writable")
     path = directory / filename
     _check_replaceable(path, what)
     return path

@@ -238,7 +238,7 @@ def plan_target(cost: CostModel, machine: dict, config: dict, target: dict, cell
     """A target as the pipeline plans it: the carried-over model (rule carry_over), then the same cells
     and recommendation as this machine's; (its recommendation, its carry_over.json)."""
     here = hardware.here_roofline(machine)
-    roofline = {k: target[k] for k in ("name", "bandwidth_gbs", "gflops")}
+    roofline = {k: target[k] for k in ("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms") if k in target}
     carried, terms = hardware.carry_over(cost, architecture.architecture(config["model"]), here, roofline)
     label = {"machine": target["name"], "display_name": target.get("description") or target["name"], "measured": False}
     return (plan_machine(carried, machine, config, cells, seeds, label, target.get("price_per_hour")),
@@ -250,7 +250,10 @@ def render_with_targets(root: Path) -> dict:
     machine, cost = read_json(inputs["machine"]), CostModel.from_dict(read_json(inputs["costmodel"]))
     here = hardware.here_roofline(machine)
     gpu = copy.deepcopy(config["hardware"][1])
-    gpu.update(description=HOSTILE_DESCRIPTION, price_per_hour=0.5)
+    # four times this (synthetic) machine's peaks, and no launch overhead: a target faster on every term
+    gpu.update(description=HOSTILE_DESCRIPTION, price_per_hour=0.5, bandwidth_gbs=4 * here["bandwidth_gbs"],
+               gflops=4 * here["gflops"])
+    gpu.pop("kind", None)
     config["hardware"] = [{"name": "same-as-here", "bandwidth_gbs": here["bandwidth_gbs"], "gflops": here["gflops"]},
                           gpu]
     seeds = simulation_seeds(config)

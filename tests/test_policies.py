@@ -80,7 +80,7 @@ def test_adding_a_policy_touches_the_scheduler_and_the_registry_only(tmp_path):
     assert probe.returncode == 0, probe.stderr
     # the target before --configfile, which takes every argument after it
     dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1",
-                          "results/sweep/cells/chunked_small_cap4.csv", "--configfile", "config/new_policy.yaml"],
+                          "results/machines/here/sweep/cells/chunked_small_cap4.csv", "--configfile", "config/new_policy.yaml"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
     assert "chunked_small_cap4.csv" in dry.stdout + dry.stderr

@@ -41,7 +41,7 @@ HOSTILE_TITLE = 'Sizing <script>alert("x")</script> & co'
 # tight memory budget and a high price), and one GPT-2-small-on-two-cores-like machine that cannot
 # keep up with today's traffic at all.
 SCENARIOS = {
-    "all_pass": {"cost": CostModel(decode_fixed_s=5e-3, decode_per_seq_s=2e-4, decode_per_ctx_token_s=4e-8,
+    "all_pass": {"cost": CostModel(decode_fixed_s=4e-3, decode_per_seq_s=2e-4, decode_per_ctx_token_s=4e-8,
                                    prefill_fixed_s=1e-3, prefill_per_token_s=4.7e-5),
                  "budget_gb": 2.0, "price_per_hour": 1.0},
     "all_fail": {"cost": CostModel(decode_fixed_s=3e-3, decode_per_seq_s=2e-4, decode_per_ctx_token_s=4e-8,
@@ -401,7 +401,9 @@ def test_figures_embedded_in_html_and_written_beside_markdown(reports):
     html = report["html"].read_text()
     md = report["md"].read_text()
     linked = re.findall(r"!\[[^\]]*\]\((figures/[\w]+\.png)\)", md)
-    assert len(linked) == len(set(linked)) >= 15
+    # a figure with nothing stable to draw is one sentence instead (test_a_figure_with_nothing_stable_...)
+    omitted = re.findall(r"is not drawn: ", md)
+    assert len(linked) == len(set(linked)) and len(linked) + len(omitted) >= 15
     for link in linked:
         assert (report["md"].parent / link).read_bytes().startswith(b"\x89PNG")
     for link in linked:

@@ -17,7 +17,7 @@ MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~#!])")
 # What starts a block at the beginning of a line or a table cell: a list item (-, + or 1. / 1)), a
 # setext underline (=) or a blockquote (>); an indented code block's spaces go with the whitespace.
 LEADING_MARKER = re.compile(r"^([-+=>])")
-ORDERED_LIST = re.compile(r"^(\d{1,9})([.)])")
+ORDERED_LIST = re.compile(r"^(\d{1,9})([.)])(?=\s|$)")  # CommonMark: a space or the end must follow
 # GitHub's autolink extension links bare www., http:// and e-mail addresses: break the trigger.
 BARE_LINK = re.compile(r"(?i)(?<=www)\.|(?<=[a-z0-9])(:)(?=//)|@")
 
