@@ -333,6 +333,10 @@ OPTION_VALUES = {
     "--save-detailed": [None],
     "--print-curve": [None],
     "--json": [None],
+    "--append-result": [None],
+    "--label": ["run1", "a/b", ""],
+    "--max-context": ["512", "0", "1e12", "x"],
+    "--too-long": ["skip", "clip", "truncate"],
 }
 
 
@@ -340,7 +344,8 @@ def test_every_cli_flag_is_fuzzed():
     """A new flag gets values here, or this fails: the generative suite covers every way in."""
     from servingplan.cli import build_parser
     flags = {option for action in build_parser()._actions for option in action.option_strings} - {"-h", "--help"}
-    assert flags <= set(OPTION_VALUES), sorted(flags - set(OPTION_VALUES))
+    fuzzed = set(OPTION_VALUES) | set(LOAD_OPTION_VALUES)
+    assert flags <= fuzzed, sorted(flags - fuzzed)
 
 
 @st.composite
