@@ -15,7 +15,9 @@ def machine_label(name):
     or estimated (a carried-over cost model). An imported cost model is someone else's measurement."""
     if name == HERE:
         return {"machine": HERE, "display_name": "this machine", "measured": PROFILED}
-    return {"machine": name, "display_name": HARDWARE[name].get("description") or name, "measured": False}
+    # the description without its parenthesised detail, or the name made readable (nvidia-t4 -> NVIDIA T4)
+    return {"machine": name, "display_name": display_names.brief(display_names.machine(HARDWARE[name])),
+            "measured": False}
 
 
 rule carry_over:

@@ -21,7 +21,7 @@ rule validate_replay:
         machine=rules.profile.output.machine,
         points=rules.profile.output.points,
         trace=TRACE_FILE,
-        code=sources("serving/*.py", "profiling/*.py", "validation.py", "planner.py", "sim/scheduler.py",
+        code=sources("serving/*.py", "profiling/*.py", "validation.py", "memory.py", "sim/scheduler.py",
                      "sim/policies.py", "sim/steps.py", "costmodel.py", "workload.py", "io.py", "pipeline.py",
                      "device.py"),
     output:

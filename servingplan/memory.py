@@ -16,6 +16,13 @@ def kv_blocks_for_budget(budget_bytes: float, weight_bytes: float, kv_per_token:
     return max(0, int((budget_bytes - weight_bytes) // (kv_per_token * block_size)))
 
 
+def kv_blocks(machine: dict, memory_cfg: dict) -> int:
+    """Paged KV blocks the memory budget leaves beside the measured weights (machine.json's memory)."""
+    mem = machine["memory"]
+    return kv_blocks_for_budget(memory_cfg["budget_gb"] * GB, mem["param_bytes"], mem["kv_bytes_per_token"],
+                                memory_cfg["block_size"])
+
+
 def reserved_tokens_per_seq(max_context: int, block_size: int) -> int:
     return math.ceil(max_context / block_size) * block_size
 

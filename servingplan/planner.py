@@ -15,7 +15,7 @@ from servingplan.costmodel import CostModel
 from servingplan.capacity import (Criterion, busy_floor, capacity_searches, search_rate, speed_band_models,
                                   ttft_floor_s)
 from servingplan.config import HERE
-from servingplan.memory import GB, kv_blocks_for_budget, memory_plan
+from servingplan.memory import GB, kv_blocks, memory_plan
 from servingplan.metrics import SLO, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import policies, simulate
@@ -33,13 +33,6 @@ def capstone_slo(slo_cfg: dict) -> SLO:
 
 def ttft_slo(slo_cfg: dict) -> SLO:
     return SLO(ttft_ms=slo_cfg["ttft_ms"], ttft_percentile=slo_cfg["ttft_percentile"])
-
-
-def kv_blocks(machine: dict, memory_cfg: dict) -> int:
-    """Paged KV blocks the memory budget leaves beside the measured weights."""
-    mem = machine["memory"]
-    return kv_blocks_for_budget(memory_cfg["budget_gb"] * GB, mem["param_bytes"], mem["kv_bytes_per_token"],
-                                memory_cfg["block_size"])
 
 
 def sweep_rates(sweep_cfg: dict, workload_cfg: dict, slo_cfg: dict) -> list[float]:

@@ -47,7 +47,7 @@ from servingplan.capacity import Criterion, capacity
 from servingplan.device import model_device
 from servingplan.metrics import SLO
 from servingplan.pipeline import terminal
-from servingplan.planner import kv_blocks
+from servingplan.memory import kv_blocks
 from servingplan.profiling.machine import roofline_probes
 from servingplan.profiling.measure import (GridPoint, build_grid, decode_lengths, point_call, pool_for,
                                            reference_points, time_call, time_references)
@@ -203,7 +203,6 @@ class ShapeRetimer:
     RETIME_WARMUP) is set against the point's profiled time: ratio above one, the point runs slower now."""
 
     def __init__(self, model, profile_meta: dict, profile_points: pd.DataFrame, cap: int, seed: int):
-        settings = profile_meta["settings"]
         points = profile_points[((profile_points["kind"] == "decode") & (profile_points["batch"] <= cap))
                                 | (profile_points["kind"] == "prefill")]
         self.profiled = {GridPoint(row.kind, int(row.batch), int(row.prompt_len), int(row.cached)): float(row.median_s)
