@@ -172,8 +172,11 @@ def test_a_new_cap_and_target_plan_only_their_cells_and_what_aggregates_them(pip
     assert {rule: jobs.pop(rule) for rule in ("collect_chunks", "decide", "report", "all")} == dict.fromkeys(
         ("collect_chunks", "decide", "report", "all"), 1)
     assert not {"profile", "fit", "workload", "exercise2"} & set(jobs)
-    # what is left is the validation stage's (rules/validate.smk reads the sweep section whole)
-    assert set(jobs) <= {"validate"}
+    # the serving memory of the new cap under every policy, and what gathers it; the report's findings
+    assert jobs.pop("serving_memory_cell") == len(policies)
+    assert {rule: jobs.pop(rule) for rule in ("serving_memory", "findings")} == {"serving_memory": 1, "findings": 1}
+    # the real-time replay serves its own cap: a new cap never re-serves it
+    assert "validate_replay" not in jobs and set(jobs) <= {"validate"}
 
 
 def test_the_same_config_with_its_keys_in_another_order_plans_nothing(pipeline):
