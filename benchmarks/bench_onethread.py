@@ -14,7 +14,7 @@ lead runs these on a quiet machine):
 
 RUN_2T and RUN_1T are directories holding results/ (or results/ itself): each gives its
 results/profile/*/machine.json and results/fit/costmodel.json, and RUN_1T its capacity cells
-results/capacity/cells/{policy}_cap{cap}.json. --config is the config both runs used (its workload,
+results/machines/here/capacity/cells/{policy}_cap{cap}.json. --config is the config both runs used (its workload,
 slo, sweep, memory, capacity and seed sections set the capacity searches).
 
 Or let it measure both profiles itself (two profiles and fits back to back, then the searches):
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         else:
             machine_two, cost_two = tree_files(args.two)
             machine_one, cost_one = tree_files(args.one)
-            measured_one = results_dir(args.one) / "capacity" / "cells"
+            measured_one = results_dir(args.one) / "machines" / "here" / "capacity" / "cells"
     except (OSError, ValueError, ConfigError) as err:
         print(f"bench_onethread: {err}", file=sys.stderr)
         return 2
