@@ -83,6 +83,9 @@ rule validate:
 # have the machine alone (one core each); they stay local, since a cluster node is not this machine.
 rule serving_memory_cell:
     input:
+        # after the real-time replay: that must have the machine alone, and a snakemake scheduler that sees
+        # these one-core jobs ready beside it fills the cores with them and starves the replay
+        **({"replay": rules.validate_replay.output.replay} if PROFILED else {}),
         code=sources("serving/*.py", "sim/scheduler.py", "sim/policies.py", "profiling/model.py",
                      "profiling/machine.py", "io.py", "pipeline.py", "device.py"),
     output:
