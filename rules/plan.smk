@@ -137,7 +137,7 @@ rule decide:
     input:
         recommendations=expand(f"{MACHINE_DIR}/recommendation.json", machine=MACHINES),
         terms=expand(f"{MACHINE_DIR}/carry_over.json", machine=list(HARDWARE)),
-        code=sources("planner.py", "money.py"),
+        code=sources("planner.py", "money.py", "hardware.py"),
     output:
         decision=report("results/plan/decision.json", caption="../reports/captions/recommendation.rst",
                         category="Recommendation"),

@@ -1,7 +1,7 @@
 localrules: report
 
 
-# What only a profiled run has: the profile, the fit and the validation on this machine.
+# What only a profiled run has: the profile, the fit, the validation and the serving memory on this machine.
 MEASURED_INPUTS = dict(
     profile=rules.profile.output.points,
     fit_report=rules.fit.output.report,
@@ -9,6 +9,8 @@ MEASURED_INPUTS = dict(
     validation=rules.validate.output.summary,
     validation_requests=rules.validate.output.requests,
     validation_meta=rules.validate.output.meta,
+    # the serving process's peak memory per (policy, cap): the memory verdict's measurement and figure
+    serving_memory=rules.serving_memory.output[0],
 ) if PROFILED else {}
 
 

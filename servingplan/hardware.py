@@ -33,12 +33,12 @@ MACHINE_KINDS = ("cpu", "gpu")
 # hardware[].launch_overhead_ms). GPT-2 small's forward in eager PyTorch (transformers' GPT2 blocks)
 # runs about 20 operators per layer (LayerNorm x 2, the four products, the KV-cache update, attention,
 # GELU's tanh form as several elementwise kernels, two residual adds), so about 250 kernels for 12
-# layers with the embeddings, final LayerNorm and LM head; at about 10 us of host time each (Python
+# layers with the embeddings, final LayerNorm and LM head; at about 10 µs of host time each (Python
 # module calls, the dispatcher and the CUDA launch itself) that is 2.5 ms, whatever the GPU's speed. A
 # server that captures the forward in a CUDA graph (vLLM's default) pays a fraction of it: set the key
 # to what such an engine measures.
 DEFAULT_GPU_LAUNCH_OVERHEAD_MS = 2.5
-LAUNCH_OVERHEAD_BASIS = ("about 250 kernels per GPT-2 small forward pass in eager PyTorch, about 10 us of host "
+LAUNCH_OVERHEAD_BASIS = ("about 250 kernels per GPT-2 small forward pass in eager PyTorch, about 10 µs of host "
                          "time each (Python, dispatcher, CUDA launch)")
 CARRY_OVER_LEAVES_OUT = (
     "the target's kernels reaching a different share of its peak than this machine's did of its probes",
@@ -97,19 +97,25 @@ def carry_over(cost: CostModel, arch: dict, here: dict, target: dict) -> tuple[C
     table = [_carry("decode_batch_fixed_s", seconds, roofline.batch_work(arch, batch), here, target, batch)
              for batch, seconds in cost.decode_batch_fixed_s]
     scaled = {t["term"]: t["seconds_target"] for t in terms}
+    model = CostModel(**scaled, ctx_mode=cost.ctx_mode, name=f"{cost.name} carried to {target['name']}",
+                      source=f"roofline estimate for {target['name']} from {cost.name}",
+                      meta={**cost.meta, "carry_over": carry_over_notes(target, terms + table)},
+                      decode_batch_fixed_s=tuple((t["batch"], t["seconds_target"]) for t in table))
+    return model, terms + table
+
+
+def carry_over_notes(target: dict, rows: list[dict]) -> dict:
+    """What a carried-over model assumes and leaves out (its meta.carry_over), from the target's config
+    entry and the rows `carry_over` gives: the target's kind, the launch overhead assumed and its basis,
+    the terms clamped to the target's floor, and what the estimate leaves out."""
     overhead = launch_overhead_s(target)
     basis = "as configured (hardware[].launch_overhead_ms)" if target.get("launch_overhead_ms") is not None \
         else LAUNCH_OVERHEAD_BASIS
-    carried = {"target_kind": machine_kind(target), "launch_overhead_s": overhead,
-               "launch_overhead_basis": basis if overhead else None,
-               "clamped_terms": [t["term"] if t["batch"] is None else f"{t['term']}[{t['batch']}]"
-                                 for t in terms + table if t["clamped"]],
-               "leaves_out": list(CARRY_OVER_LEAVES_OUT)}
-    model = CostModel(**scaled, ctx_mode=cost.ctx_mode, name=f"{cost.name} carried to {target['name']}",
-                      source=f"roofline estimate for {target['name']} from {cost.name}",
-                      meta={**cost.meta, "carry_over": carried},
-                      decode_batch_fixed_s=tuple((t["batch"], t["seconds_target"]) for t in table))
-    return model, terms + table
+    return {"target_kind": machine_kind(target), "launch_overhead_s": overhead,
+            "launch_overhead_basis": basis if overhead else None,
+            "clamped_terms": [row["term"] if row["batch"] is None else f"{row['term']}[{row['batch']}]"
+                              for row in rows if row["clamped"]],
+            "leaves_out": list(CARRY_OVER_LEAVES_OUT)}
 
 
 def here_roofline(machine: dict) -> dict:

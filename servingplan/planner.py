@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from servingplan import money
+from servingplan import hardware, money
 from servingplan.costmodel import CostModel
 from servingplan.capacity import (Criterion, busy_floor, capacity_searches, search_rate, speed_band_models,
                                   ttft_floor_s)
@@ -468,7 +468,8 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
         "machine_speed": _speed(machine),
         # the measurement the chosen configuration's memory verdict read, if there is one
         "serving_memory": {"peak_rss_bytes": float(chosen_measured["peak_rss_bytes"]), "policy": chosen["policy"],
-                           "max_num_seqs": chosen["max_num_seqs"]} if chosen_measured else None,
+                           "max_num_seqs": chosen["max_num_seqs"],
+                           "context_tokens": int(chosen_measured["context_tokens"])} if chosen_measured else None,
         "passed": [t for t in TARGETS if chosen[f"{t}_met"]],
         "missed": [t for t in TARGETS if not chosen[f"{t}_met"]],
     }
@@ -602,13 +603,34 @@ def decide(recommendations: list[dict]) -> dict:
 
 def hardware_verdicts(targets: list[tuple[dict, dict, dict]]) -> dict:
     """Each target machine's carry-over and recommendation, from (its config entry, its carry_over.json,
-    its recommendation), in the layout of results/plan/hardware_verdicts.json."""
+    its recommendation), in the layout of results/plan/hardware_verdicts.json. `carry_over` states what
+    the estimate assumes (the launch overhead of a GPU's model calls, its value and basis), the terms
+    raised to the target's floor and what the estimate leaves out."""
     return {"targets": [
         {"name": target["name"], "description": target.get("description", ""),
          "bandwidth_gbs": target["bandwidth_gbs"], "gflops": target["gflops"],
          "price_per_hour": rec["price_per_hour"], "price_given": target.get("price_per_hour") is not None,
-         "here": carried["here"], "terms": carried["terms"], "recommendation": rec}
+         "here": carried["here"], "terms": carried["terms"],
+         "carry_over": {**hardware.carry_over_notes(target, carried["terms"]),
+                        "launch_overhead_configured": target.get("launch_overhead_ms") is not None,
+                        "clamped": _clamped(carried["terms"])},
+         "recommendation": rec}
         for target, carried, rec in targets]}
+
+
+def _clamped(rows: list[dict]) -> list[dict]:
+    """The carried-over terms raised to the target's floor, one entry per term and floor (the decode
+    table's batches together), with the floor's range in seconds."""
+    groups: dict[tuple, dict] = {}
+    for row in rows:
+        if row["clamped"]:
+            group = groups.setdefault((row["term"], row["clamped_to"]),
+                                      {"term": row["term"], "clamped_to": row["clamped_to"], "batches": [], "floors": []})
+            if row["batch"] is not None:
+                group["batches"].append(int(row["batch"]))
+            group["floors"].append(float(row["floor_target_s"]))
+    return [{"term": g["term"], "clamped_to": g["clamped_to"], "batches": g["batches"],
+             "floor_s": [min(g["floors"]), max(g["floors"])]} for g in groups.values()]
 
 
 def _keep_up(chosen: dict, today_rate: float, price: float, demand: float) -> dict | None:

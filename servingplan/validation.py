@@ -621,8 +621,9 @@ def findings(comparison: pd.DataFrame, by_batch: pd.DataFrame, traces: list[dict
              validation: dict) -> dict:
     """The measured gaps as data, for the report's first screen: for p90 TTFT and mean TPOT, per cost
     model, the signed gaps (simulated - measured, % of measured) at every judged load with the range and
-    its direction word; the per-batch step errors likewise; which corrections were applied; and the
-    traces skipped or truncated (a skipped trace has no figure, never a made-up one)."""
+    its direction word; the per-batch step errors likewise; which corrections were applied and which
+    refused, each with its evidence (re-timed points / profiled) and the engine's own steps (measured /
+    model); and the traces skipped or truncated (a skipped trace has no figure, never a made-up one)."""
     gaps = []
     judged_loads = comparison[comparison["load_fraction"] <= 0.85 + 1e-9] if len(comparison) else comparison
     for metric, stat in (("ttft", "p90"), ("tpot", "mean")):
@@ -647,9 +648,10 @@ def findings(comparison: pd.DataFrame, by_batch: pd.DataFrame, traces: list[dict
                       "corrected_direction": direction([row["median_corrected_error_pct"]]),
                       "within_goal": bool(row["within_goal"])})
     return {"goal_pct": validation["goal_pct"], "step_goal_pct": STEP_GOAL_PCT, "requests": gaps, "steps": steps,
-            "corrections_applied": [{key: row[key] for key in ("load_fraction", "kind", "batch", "applied_factor")}
+            "corrections_applied": [{key: row[key] for key in ("load_fraction", "kind", "batch", "steps", "applied_factor",
+                                                                  "evidence_ratio", "engine_ratio")}
                                     for row in applied if row["status"] == "applied"],
-            "corrections_refused": [{key: row[key] for key in ("load_fraction", "kind", "batch", "status",
+            "corrections_refused": [{key: row[key] for key in ("load_fraction", "kind", "batch", "steps", "status",
                                                                   "evidence_ratio", "engine_ratio")}
                                     for row in applied if row["status"] in ("contradicted", "no closer")],
             "skipped_traces": [t["load_fraction"] for t in traces if t["skipped"]],

@@ -245,15 +245,20 @@ def plan_target(cost: CostModel, machine: dict, config: dict, target: dict, cell
             {"target": roofline, "here": here, "terms": terms})
 
 
+GPU_LAUNCH_OVERHEAD_MS = 1.0
+
+
 def render_with_targets(root: Path) -> dict:
     inputs, config = test_report.build_run(root / "inputs", "all_fail")
     machine, cost = read_json(inputs["machine"]), CostModel.from_dict(read_json(inputs["costmodel"]))
     here = hardware.here_roofline(machine)
     gpu = copy.deepcopy(config["hardware"][1])
-    # four times this (synthetic) machine's peaks, and no launch overhead: a target faster on every term
+    # four times this (synthetic) machine's peaks, and a launch overhead (GPU_LAUNCH_OVERHEAD_MS) above the
+    # carried-over decode step's fixed cost but below a prefill call's: decode calls are raised to it, and
+    # prefill is faster on every term
+    assert gpu["kind"] == "gpu"
     gpu.update(description=HOSTILE_DESCRIPTION, price_per_hour=0.5, bandwidth_gbs=4 * here["bandwidth_gbs"],
-               gflops=4 * here["gflops"])
-    gpu.pop("kind", None)
+               gflops=4 * here["gflops"], launch_overhead_ms=GPU_LAUNCH_OVERHEAD_MS)
     config["hardware"] = [{"name": "same-as-here", "bandwidth_gbs": here["bandwidth_gbs"], "gflops": here["gflops"]},
                           gpu]
     seeds = simulation_seeds(config)
@@ -367,3 +372,49 @@ def test_a_target_too_slow_to_keep_up_is_planned_and_judged_through_its_json_fil
     assert "NaN" not in (tmp_path / "slow.json").read_text()
     [option] = rec["options"]
     assert option["verdicts"]["latency"]["value"] is None and option["misses"] == ["latency", "capacity", "cost"]
+
+
+def test_hardware_verdicts_state_each_targets_launch_overhead_clamps_and_omissions():
+    """From the rows carry_over.json holds: the kind, the launch overhead with its basis, the terms raised
+    to the target's floor (the decode table's batches together) and what the estimate leaves out."""
+    t4 = {"name": "nvidia-t4", "bandwidth_gbs": 320.0, "gflops": 8100.0, "kind": "gpu"}
+    laptop = {"name": "laptop", "bandwidth_gbs": 120.0, "gflops": 845.0}
+    planned = []
+    for target in (t4, laptop):
+        _, rows = hardware.carry_over(COST, GPT2, HERE, target)
+        planned.append((target, {"target": target, "here": HERE, "terms": rows}, {"price_per_hour": 1.0}))
+    gpu, cpu = (entry["carry_over"] for entry in planner.hardware_verdicts(planned)["targets"])
+    default = hardware.DEFAULT_GPU_LAUNCH_OVERHEAD_MS / 1000
+    assert gpu["target_kind"] == "gpu" and gpu["launch_overhead_s"] == default
+    assert gpu["launch_overhead_basis"] == hardware.LAUNCH_OVERHEAD_BASIS and not gpu["launch_overhead_configured"]
+    assert gpu["leaves_out"] == list(hardware.CARRY_OVER_LEAVES_OUT)
+    clamped = {entry["term"]: entry for entry in gpu["clamped"]}
+    assert clamped["decode_fixed_s"] == {"term": "decode_fixed_s", "clamped_to": "launch overhead", "batches": [],
+                                         "floor_s": [default, default]}
+    assert clamped["decode_batch_fixed_s"]["batches"] == [b for b, _ in COST.decode_batch_fixed_s
+                                                          if b in clamped["decode_batch_fixed_s"]["batches"]]
+    assert clamped["decode_batch_fixed_s"]["batches"]
+    assert cpu["target_kind"] == "cpu" and cpu["launch_overhead_s"] == 0.0 and cpu["launch_overhead_basis"] is None
+
+
+def test_a_gpu_targets_launch_overhead_clamps_and_omissions_appear_in_its_section(hardware_report):
+    section = " ".join(md_section(hardware_report["md"]).split())
+    gpu, cpu = hardware_report["verdicts"][1], hardware_report["verdicts"][0]
+    gpu_name = blocks.md(names.display(gpu["name"], hardware_report["config"]["hardware"]))
+    gpu_part = section.split(f"### {gpu_name}: an estimate", 1)[1]
+    cpu_part = section.split("### ", 2)[1]
+    assert (f"Assumed: as a GPU, every model call (a decode step or a prefill call) takes at least "
+            f"{GPU_LAUNCH_OVERHEAD_MS:g} ms of host time launching its kernels, which no roofline sees; that value is as "
+            f"configured for this target.") in gpu_part
+    assert "Assumed: as a CPU, it pays no launch overhead of its own" in cpu_part
+    clamped = gpu["carry_over"]["clamped"]
+    assert any(entry["clamped_to"] == "launch overhead" for entry in clamped)
+    assert all(entry["term"] != "prefill_fixed_s" for entry in clamped)
+    assert f"Carried over, {len(clamped)} term" in gpu_part
+    assert ", to the launch overhead of 1 ms" in gpu_part
+    assert "yes, to the launch overhead |" in hardware_report["md"]
+    assert "No carried-over term falls below the target's own floor" in cpu_part
+    for part in (gpu_part, cpu_part):
+        assert "The estimate leaves out:" in part
+        for omitted in hardware.CARRY_OVER_LEAVES_OUT:
+            assert f"- {omitted}" in part

@@ -4,8 +4,9 @@
                  log_dir) -> None
 
 `inputs` maps the report rule's input names (machine, profile, fit_report, ...) to paths, or to lists
-of paths (fleet: the planner's fleet cells); the three validation files, the fleet cells and the
-cross-machine decision (results/plan/decision.json, whose pick opens the first screen) are optional. A run whose cost model was imported (config `costmodel.source` a file) has no profile, fit
+of paths (fleet: the planner's fleet cells); the three validation files, the serving memory
+(results/validation/serving_memory.json), the fleet cells and the cross-machine decision
+(results/plan/decision.json, whose pick opens the first screen) are optional. A run whose cost model was imported (config `costmodel.source` a file) has no profile, fit
 or validation: its `machine` is the sizes derived from the architecture (`measured: false`), and the
 report says where the cost model came from instead. Every number the report shows is read from those
 files or from the run's config; every comparison and pick among them is the planner's (results/plan/
@@ -97,6 +98,7 @@ class RunResults:
     chunks: pd.DataFrame | None = None
     hardware: dict | None = None
     workload: dict | None = None
+    serving_memory: dict | None = None
 
     @property
     def measured(self) -> bool:
@@ -132,6 +134,8 @@ def load_results(inputs: Mapping) -> RunResults:
         chunks=csv("chunks"),
         hardware=read_json(inputs["hardware"]) if inputs.get("hardware") else None,
         workload=read_json(inputs["workload"]) if inputs.get("workload") else None,
+        # the serving process's measured peak per (policy, cap), in a profiled run
+        serving_memory=read_json(inputs["serving_memory"]) if inputs.get("serving_memory") else None,
     )
 
 
@@ -402,14 +406,18 @@ def chunk_section(run: RunResults, config: dict, traces) -> dict | None:
 
 
 def memory_section(run: RunResults) -> dict:
-    """The memory arithmetic, and beside it the engine's measured peak while serving when validation ran."""
+    """The memory arithmetic, and beside it the serving process's measured peak at the chosen configuration
+    (the one the memory verdict read), every configuration measured and the profiler's own peak."""
     summary = clean(run.memory_summary)
+    measured = clean(run.serving_memory or {})
     return {
         "summary": summary,
         "kv_matches_analytic": summary["kv_bytes_per_token_measured"] == summary["kv_bytes_per_token_analytic"],
         "kv_per_sequence_bytes": summary["kv_bytes_per_token_measured"] * summary["max_context"],
         "headroom_bytes": summary["budget_bytes"] - summary["weights_bytes"],
         "serving": clean(run.recommendation).get("serving_memory"),
+        "serving_rows": measured.get("rows", []),
+        "profiler_peak_bytes": measured.get("profiler_peak_rss_bytes"),
     }
 
 
@@ -479,11 +487,15 @@ def validation_section(run: RunResults, workload: dict) -> dict | None:
                 "corrected_agrees": bool(twin["agrees"])}
         rows.append({"load_fraction": float(fraction), "rate": float(rate), "stats": stats})
     requests = run.validation.requests
+    found = meta["findings"]
     return {
         "meta": meta,
         "headline": meta["headline"],
-        "drift": ("slower" if meta["headline"]["machine_drift_ratio"] > 1
-                  else "faster" if meta["headline"]["machine_drift_ratio"] < 1 else "same"),
+        "findings": found,
+        # the planner's gaps by figure and cost model: gaps["ttft_p90"]["as_fitted"]
+        "gaps": {f"{key}_{stat}": {gap["cost_model"]: gap for gap in found["requests"]
+                                   if (gap["metric"], gap["stat"]) == (key, stat)}
+                 for key, stat in {(gap["metric"], gap["stat"]) for gap in found["requests"]}},
         "ttft_tail_breaks_first": _ttft_tail_breaks_first(meta["headline"]),
         "policy_label": policies.label(meta["policy"]),
         "rows": rows,
@@ -613,7 +625,8 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
                                       "preemptions per run", "KV-cache preemptions (recompute) per cap"),
         "itl": figures.by_cap(run.latency, "itl_ms_p99", {"today": today, "target": target},
                               "p99 inter-token gap (ms)", "Inter-token stalls: p99 gap between tokens"),
-        "memory": figures.memory_bars(run.memory, context["memory"]["summary"]["budget_bytes"]),
+        "memory": figures.memory_bars(run.memory, context["memory"]["summary"]["budget_bytes"],
+                                      serving_rss=context["memory"]["serving_rows"]),
         "cost": figures.cost_vs_replicas(cost["price_per_hour"], cost["offered_tokens_per_s"], cost["target_per_1k"],
                                          cost["max_replicas"], browser_cost_data(cost)["marks"]),
         "ex2_curve": figures.exercise2_curve(run.ex2_curve, ex2["2.1"]["least_squares"]["a_ms"],
