@@ -18,8 +18,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-# Stages that measure this machine: they run alone and are not simulation.
-MEASURING = ("profile", "validate", "validation", "serving_memory", "replay")
+# Stages that measure this machine (the profile, the real-time replay, the serving-memory probes): they
+# are not simulation.
+MEASURING = ("profile", "validate_replay", "serving_memory")
 
 
 def stage_of(path: Path, root: Path) -> str:
@@ -52,7 +53,7 @@ def stage_table(results: Path) -> list[dict]:
         stage["wall_s"] += job["wall_s"]
         stage["cpu_s"] += job["cpu_s"]
         stage["max_rss_mb"] = max(stage["max_rss_mb"], job["max_rss_mb"])
-    return [{"stage": name, **figures, "measuring": name.split("/")[0].split("_")[0] in MEASURING}
+    return [{"stage": name, **figures, "measuring": name.split("/")[0] in MEASURING}
             for name, figures in sorted(stages.items())]
 
 
