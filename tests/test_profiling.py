@@ -9,7 +9,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from servingplan import roofline
 from servingplan.profiling import machine
 from servingplan.profiling.measure import (
-    QUICK_PROFILE, build_grid, decode_lengths, normalise, profile_settings, relative_speed, run_profile, speed_summary,
+    MAX_EXTRA_ROUNDS_PER_POINT, QUICK_PROFILE, build_grid, decode_lengths, normalise, profile_settings, relative_speed, run_profile, speed_summary,
 )
 from servingplan.serving.kvpool import KVPool, decode_call, decode_step, prefill_call, prefill_step
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
@@ -140,8 +140,15 @@ def test_quick_profile_measures_every_grid_point_with_positive_times(quick_profi
     assert set(points.kind) == {"prefill", "prefill_batch", "prefill_cached", "decode"}
     assert (points.median_s > 0).all() and (points.floor_s > 0).all() and (points.efficiency > 0).all()
     assert (points.round_min_s <= points.median_s).all() and (points.median_s <= points.round_max_s).all()
-    assert (points.n_rounds == QUICK_PROFILE["rounds"]).all()
-    assert (points.n_repeats == QUICK_PROFILE["rounds"] * QUICK_PROFILE["repeats"]).all()
+    # extra rounds go only to points whose rounds disagree, within the bound
+    assert (points.n_rounds == QUICK_PROFILE["rounds"] + points.n_extra_rounds).all()
+    assert (points.n_extra_rounds <= MAX_EXTRA_ROUNDS_PER_POINT).all()
+    assert (points.n_repeats == points.n_rounds * QUICK_PROFILE["repeats"]).all()
+    remeasure = quick_profile[2]["remeasure"]
+    assert remeasure["n_remeasured"] + remeasure["n_extra_rounds"] <= remeasure["budget"]
+    assert remeasure["n_extra_rounds"] == points.n_extra_rounds.sum()
+    assert samples[samples.superseded].groupby(["point_id", "round"]).ngroups <= remeasure["n_remeasured"]
+    samples = samples[~samples.superseded]
     assert (samples.seconds > 0).all() and (samples.speed > 0).all()
     assert samples.normalized_s.to_numpy() == pytest.approx((samples.seconds / samples.speed).to_numpy())
     # rounds are spread over the run: each point's rounds were measured at different times

@@ -240,21 +240,25 @@ def predict(points: pd.DataFrame, coefficients: dict, decode_table: tuple = ()) 
 
 
 def per_round_medians(points: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """[point, round] median of each round's normalised calls, rows in the order of `points`."""
+    """[point, round] median of each round's normalised calls, rows in the order of `points`; calls a
+    re-measurement replaced (`superseded`) left out, and NaN where a point has fewer rounds than others
+    (the profiler gives extra rounds only to points whose rounds disagree)."""
+    if "superseded" in samples:
+        samples = samples[~samples["superseded"].astype(bool)]
     table = samples.groupby(["point_id", "round"])["normalized_s"].median().unstack("round")
     return table.loc[points["point_id"].to_numpy()].reset_index(drop=True)
 
 
 def round_errors(points: pd.DataFrame, rounds: pd.DataFrame, form: Form, floors: Floors) -> np.ndarray:
-    """Per point, the mean absolute relative error of predicting each round from a fit on the median
-    of the other rounds."""
+    """Per point, the mean absolute relative error of predicting each of its rounds from a fit on the
+    median of the other rounds (a round only some points have is predicted for those points)."""
     errors = []
     for held in rounds.columns:
         target = rounds.drop(columns=held).median(axis=1).to_numpy(float)
         predicted = predict(points, *fit_model(points, target, form, floors))
         measured = rounds[held].to_numpy(float)
         errors.append(np.abs(predicted - measured) / measured)
-    return np.mean(errors, axis=0)
+    return np.nanmean(errors, axis=0)
 
 
 def select_form(points: pd.DataFrame, rounds: pd.DataFrame, floors: Floors) -> tuple[Form, dict]:
@@ -449,6 +453,7 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
         "holdout": {"fraction": holdout_fraction, "seed": seed,
                     "point_ids": points.loc[in_holdout, "point_id"].tolist()},
         "speed_band": speed_band(speed),
+        "remeasure": remeasured(meta),
         "machine": meta["machine"], "roofline": meta["roofline"], "memory": meta["memory"],
     }
     return Fit(cost_model, report, predictions)
@@ -459,6 +464,17 @@ def speed_band(speed: dict) -> dict:
     model's terms scaled by these bound what the machine did while it was measured."""
     return {kind: [values["relative_min"], values["relative_max"]]
             for kind, values in speed.get("by_kind", {}).items()}
+
+
+def remeasured(meta: dict) -> dict | None:
+    """What the profiler measured again (machine.json `remeasure`), in counts; None for a profile
+    written before it re-measured."""
+    remeasure = meta.get("remeasure")
+    if remeasure is None:
+        return None
+    return {key: remeasure[key] for key in ("n_remeasured", "n_extra_rounds", "budget", "budget_exhausted",
+                                            "disturbed_kept", "noise_floor_pct")} | {
+        "n_disturbed_readings": len(remeasure["disturbed_readings"])}
 
 
 def run_fit(points_csv, samples_csv, meta_json, fit_cfg: dict, seed: int, cost_model_json, report_json,

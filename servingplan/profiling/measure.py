@@ -87,6 +87,18 @@ FLOAT32_BYTES = 4
 SPEED_MOVED_WARNING = 0.10
 REFERENCE_KINDS = {"prefill": "prefill", "prefill_batch": "prefill", "prefill_cached": "prefill",
                    "decode": "decode"}
+# Re-measurement. The noise floor of a reference is NOISE_FLOOR_SIGMAS robust standard deviations of
+# its readings' log time around their median (1.4826 x the median absolute deviation: the references'
+# own quiet spread, which a disturbance of less than half the run cannot move), and never below
+# MIN_NOISE_FLOOR (a few readings can agree by chance). A reading further from the median than that
+# is disturbed; so is every measurement between it and its neighbouring readings.
+NOISE_FLOOR_SIGMAS = 3.0
+MAD_TO_SIGMA = 1.4826
+MIN_NOISE_FLOOR = 0.05
+# The extra work is bounded so the profile always ends: at most this many grid-sizes of point
+# measurements re-measured or added, and at most this many extra rounds for any one point.
+MAX_REMEASURE_ROUNDS = 2
+MAX_EXTRA_ROUNDS_PER_POINT = 2
 
 QUICK_PROFILE = {
     "warmup": 1, "rounds": 2, "repeats": 2, "reference_interval_s": 0.2,
@@ -187,12 +199,15 @@ def time_call(call, warmup: int, repeats: int, clock_zero: float) -> list[tuple[
 
 def relative_speed(trace: pd.DataFrame, kind: str, times) -> np.ndarray:
     """The reference's time at `times` (interpolated along the trace, held at its ends) over the
-    reference's median time in the run: 1.2 means calls then took 20% longer than typical."""
+    reference's median time in the run (over its quiet readings when the trace marks `disturbed` ones):
+    1.2 means calls then took 20% longer than typical."""
     rows = trace[trace["kind"] == kind].sort_values("t_s")
     if rows.empty:
         return np.ones(len(np.atleast_1d(times)))
     seconds = rows["seconds"].to_numpy(float)
-    return np.interp(np.asarray(times, float), rows["t_s"].to_numpy(float), seconds) / np.median(seconds)
+    quiet = seconds[~rows["disturbed"].to_numpy(bool)] if "disturbed" in rows else seconds
+    typical = np.median(quiet if len(quiet) else seconds)
+    return np.interp(np.asarray(times, float), rows["t_s"].to_numpy(float), seconds) / typical
 
 
 def normalise(samples: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
@@ -205,20 +220,151 @@ def normalise(samples: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
     return samples.assign(speed=speed, normalized_s=samples["seconds"].to_numpy(float) / speed)
 
 
+def noise_floors(trace: pd.DataFrame) -> dict[str, float]:
+    """Each reference's noise floor, as a departure of log time from its median (see
+    NOISE_FLOOR_SIGMAS): 0.3 lets a quiet reading take up to e^0.3 = 1.35 times the median."""
+    floors = {}
+    for kind, rows in trace.groupby("kind"):
+        logs = np.log(rows["seconds"].to_numpy(float))
+        spread = MAD_TO_SIGMA * float(np.median(np.abs(logs - np.median(logs))))
+        floors[str(kind)] = float(max(MIN_NOISE_FLOOR, NOISE_FLOOR_SIGMAS * spread))
+    return floors
+
+
+def mark_disturbed(trace: pd.DataFrame) -> pd.DataFrame:
+    """The trace with `departure` (log of each reading's time over its reference's median) and
+    `disturbed`: every row of a reading (one `reading` index: both references timed back to back) in
+    which either reference departs by more than its noise floor."""
+    floors = noise_floors(trace)
+    departure = np.log(trace["seconds"] / trace.groupby("kind")["seconds"].transform("median"))
+    beyond = departure.abs() > trace["kind"].map(floors)
+    disturbed = beyond.groupby(trace["reading"]).transform("any")
+    return trace.assign(departure=departure, disturbed=disturbed.astype(bool))
+
+
+def measurement_brackets(samples: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
+    """One row per (point_id, round) of `samples`: its kind, the readings just before and just after its
+    calls (`before`, `after`: reading indexes, -1 where there is none) and `disturbed`, whether either
+    of them is. `trace` is mark_disturbed's."""
+    readings = trace.groupby("reading").agg(t_s=("t_s", "mean"), disturbed=("disturbed", "any")).sort_values("t_s")
+    spans = samples.groupby(["point_id", "round"]).agg(kind=("kind", "first"), start=("t_s", "min"),
+                                                      end=("t_s", "max")).reset_index()
+    times = readings["t_s"].to_numpy(float)
+    flags = readings["disturbed"].to_numpy(bool)
+    index = readings.index.to_numpy(int)
+    before = np.searchsorted(times, spans["start"].to_numpy(float), side="right") - 1
+    after = np.searchsorted(times, spans["end"].to_numpy(float), side="left")
+
+    def at(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(reading index, disturbed) at each position of the sorted readings; (-1, False) off its ends."""
+        valid = (positions >= 0) & (positions < len(times))
+        clipped = np.clip(positions, 0, max(len(times) - 1, 0))
+        if not len(times):
+            return np.full(len(positions), -1), np.zeros(len(positions), dtype=bool)
+        return np.where(valid, index[clipped], -1), valid & flags[clipped]
+
+    (before_reading, before_disturbed), (after_reading, after_disturbed) = at(before), at(after)
+    return spans.assign(before=before_reading, after=after_reading, disturbed=before_disturbed | after_disturbed)
+
+
+def unsettled_points(samples: pd.DataFrame, floors: dict, planned_rounds: int) -> list[int]:
+    """Points whose rounds disagree: fewer than `planned_rounds` of their rounds' medians (of
+    normalised calls) lie within their reference's noise floor of the median over rounds, and fewer than
+    MAX_EXTRA_ROUNDS_PER_POINT extra rounds given already."""
+    per_round = samples.groupby(["point_id", "round"]).agg(kind=("kind", "first"), value=("normalized_s", "median"))
+    unsettled = []
+    for point_id, rows in per_round.groupby(level="point_id"):
+        values = rows["value"].to_numpy(float)
+        floor = floors.get(REFERENCE_KINDS[rows["kind"].iloc[0]], MIN_NOISE_FLOOR)
+        agreeing = int((np.abs(np.log(values / np.median(values))) <= floor).sum())
+        if agreeing < planned_rounds and len(values) - planned_rounds < MAX_EXTRA_ROUNDS_PER_POINT:
+            unsettled.append(int(point_id))
+    return unsettled
+
+
+@dataclass
+class RemeasurePlan:
+    """What the next re-measure pass measures: `replace`, (point_id, round) measurements next to a
+    disturbed reading, measured again in place of the old calls; `extra`, a new round for each unsettled
+    point; and what the budget leaves undone."""
+    replace: list
+    extra: list
+    disturbed_left: list
+    unsettled_left: list
+    floors: dict
+
+    @property
+    def tasks(self) -> list:
+        return self.replace + self.extra
+
+
+def plan_remeasure(samples: pd.DataFrame, trace: pd.DataFrame, planned_rounds: int, budget: int) -> RemeasurePlan:
+    """The next re-measure pass from what has been measured so far: `samples` (point_id, kind, round,
+    t_s, seconds and `superseded`, true for calls a later pass replaced) and the speed trace (t_s, kind,
+    seconds, reading). Disturbed measurements come first, in time order; then one extra round for each
+    point whose rounds disagree (among points with no disturbed measurement left: its rounds are
+    judged once they are all quiet); at most `budget` in all."""
+    trace = mark_disturbed(trace)
+    floors = noise_floors(trace)
+    kept = normalise(samples[~samples["superseded"].to_numpy(bool)], trace)
+    brackets = measurement_brackets(kept, trace)
+    disturbed = brackets[brackets["disturbed"]].sort_values("start")
+    pending = [(int(p), int(r)) for p, r in zip(disturbed["point_id"], disturbed["round"])]
+    replace = pending[:max(budget, 0)]
+    judged = kept[~kept["point_id"].isin(disturbed["point_id"])]
+    unsettled = unsettled_points(judged, floors, planned_rounds)
+    next_round = kept.groupby("point_id")["round"].max()
+    extras = [(point_id, int(next_round[point_id]) + 1) for point_id in unsettled]
+    room = max(budget - len(replace), 0)
+    return RemeasurePlan(replace, extras[:room], pending[len(replace):], extras[room:], floors)
+
+
+def remeasure_until_settled(sample_rows: list[dict], trace, record, planned_rounds: int, budget: int,
+                            measure_pass, order, clock) -> tuple[RemeasurePlan, list[dict]]:
+    """Re-measure passes after the planned rounds, until a plan is empty: each pass marks the calls it
+    replaces `superseded` in `sample_rows`, measures its tasks (`measure_pass(tasks in order(tasks),
+    pass number)` appends their calls to sample_rows) and re-times the references (`record()`), so the
+    last measurements are bracketed. `trace()` gives the speed trace so far. Each pass spends its tasks
+    from `budget`, so the loop ends. Returns the final (empty) plan, which says what the budget left
+    undone, and each pass's record."""
+    passes = []
+    while True:
+        plan = plan_remeasure(pd.DataFrame(sample_rows), trace(), planned_rounds, budget)
+        if not plan.tasks:
+            return plan, passes
+        replaced = set(plan.replace)
+        for row in sample_rows:
+            if (row["point_id"], row["round"]) in replaced:
+                row["superseded"] = True
+        passes.append({"pass": len(passes) + 1, "t_s": clock(),
+                       "remeasured": [list(task) for task in plan.replace],
+                       "extra_rounds": [list(task) for task in plan.extra]})
+        measure_pass(order(plan.tasks), len(passes))
+        record()
+        budget -= len(plan.tasks)
+
+
 def speed_summary(trace: pd.DataFrame) -> dict:
     """How far the machine's speed moved during the run, per reference and overall: the range of the
-    relative speed (min and max over the median) and moved_pct = 100 x (max - min) / median."""
+    relative speed (min and max over the median) and moved_pct = 100 x (max - min) / median. Over the
+    readings `in_band` when the trace marks them (the quiet ones, and any disturbed one next to a
+    measurement the profile kept); all_readings_moved_pct counts every reading."""
+    band = trace[trace["in_band"].to_numpy(bool)] if "in_band" in trace else trace
     kinds = {}
-    for kind in sorted(trace["kind"].unique()):
-        seconds = trace.loc[trace["kind"] == kind, "seconds"].to_numpy(float)
+    for kind in sorted(band["kind"].unique()):
+        seconds = band.loc[band["kind"] == kind, "seconds"].to_numpy(float)
         median = float(np.median(seconds))
         kinds[kind] = {"n": int(len(seconds)), "median_s": median,
                        "relative_min": float(seconds.min() / median), "relative_max": float(seconds.max() / median),
                        "moved_pct": float(100.0 * (seconds.max() - seconds.min()) / median)}
     moved = max((k["moved_pct"] for k in kinds.values()), default=0.0)
+    every = [100.0 * (rows["seconds"].max() - rows["seconds"].min()) / rows["seconds"].median()
+             for _, rows in trace.groupby("kind")]
     span = float(trace["t_s"].max() - trace["t_s"].min()) if len(trace) else 0.0
     return {"by_kind": kinds, "moved_pct": moved, "moved_more_than_10pct": bool(moved > 100 * SPEED_MOVED_WARNING),
-            "warning_threshold_pct": 100 * SPEED_MOVED_WARNING, "span_s": span}
+            "warning_threshold_pct": 100 * SPEED_MOVED_WARNING, "span_s": span,
+            "all_readings_moved_pct": float(max(every, default=0.0)),
+            "n_readings_out_of_band": int(len(trace) - len(band))}
 
 
 def round_spread(values: pd.Series) -> float:
@@ -271,17 +417,20 @@ class SpeedTracer:
     def __init__(self, calls: dict, settings: dict, clock_zero: float):
         self.calls, self.settings, self.clock_zero = calls, settings, clock_zero
         self.rows: list[dict] = []
+        self.readings = 0
         self.last = -np.inf
 
     def due(self) -> bool:
         return time.perf_counter() - self.last >= self.settings["reference_interval_s"]
 
     def record(self) -> None:
-        self.rows += time_references(self.calls, self.settings, self.clock_zero)
+        self.rows += [{**row, "reading": self.readings}
+                      for row in time_references(self.calls, self.settings, self.clock_zero)]
+        self.readings += 1
         self.last = time.perf_counter()
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=["t_s", "kind", "seconds"])
+        return pd.DataFrame(self.rows, columns=["t_s", "kind", "seconds", "reading"])
 
 
 def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = False,
@@ -321,8 +470,35 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     calls = [point_call(model, pool, point, generator) for point in grid]
     tracer = SpeedTracer({kind: point_call(model, pool, point, generator) for kind, point in references.items()},
                          settings, started)
-    sample_rows = []
+    # Everything alive now (torch, transformers, the model: some 400,000 objects) stays alive for the
+    # run: frozen out of the collector, the collection before each point (so no collection lands in a
+    # timed call) costs microseconds instead of the 0.2 s of CPU a full sweep of them takes, 264 times.
+    gc.collect()
+    gc.freeze()
+    sample_rows: list[dict] = []
     rounds = settings["rounds"]
+
+    def measure(tasks: list[tuple[int, int]], remeasure_pass: int, bar) -> None:
+        """Time each (point_id, round) of `tasks` in order, re-timing the references when due."""
+        for point_id, round_number in tasks:
+            if tracer.due():
+                tracer.record()
+            point = grid[point_id]
+            bar.set_postfix_str(f"round {round_number + 1}/{rounds} {point.kind} B={point.batch} "
+                                f"L={point.prompt_len} cached={point.cached}", refresh=False)
+            gc.collect()
+            timed = time_call(calls[point_id], settings["warmup"], settings["repeats"], started)
+            sample_rows.extend({"point_id": point_id, "kind": point.kind, "batch": point.batch,
+                                "prompt_len": point.prompt_len, "cached": point.cached, "round": round_number,
+                                "repeat": repeat, "t_s": t_s, "seconds": seconds, "cpu_share": share,
+                                "remeasure_pass": remeasure_pass, "superseded": False}
+                               for repeat, (t_s, seconds, share) in enumerate(timed))
+            bar.update()
+
+    def measure_pass(tasks: list[tuple[int, int]], remeasure_pass: int) -> None:
+        bar.total += len(tasks)
+        measure(tasks, remeasure_pass, bar)
+
     with torch.inference_mode(), tqdm(total=rounds * len(grid), desc="profile", unit="pt", file=terminal(),
                                       disable=not progress, mininterval=5.0) as bar:
         for round_number in range(rounds):
@@ -330,27 +506,28 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                 probe_readings.append(read_probes(f"before round {round_number + 1}"))
             # A shuffled order per round turns slow drifts of the machine into noise spread over the
             # grid instead of a trend along one axis that the fit would mistake for cost.
-            for point_id in shuffler.sample(range(len(grid)), len(grid)):
-                if tracer.due():
-                    tracer.record()
-                point = grid[point_id]
-                bar.set_postfix_str(f"round {round_number + 1}/{rounds} {point.kind} B={point.batch} "
-                                    f"L={point.prompt_len} cached={point.cached}", refresh=False)
-                gc.collect()
-                timed = time_call(calls[point_id], settings["warmup"], settings["repeats"], started)
-                sample_rows += [{"point_id": point_id, "kind": point.kind, "batch": point.batch,
-                                 "prompt_len": point.prompt_len, "cached": point.cached, "round": round_number,
-                                 "repeat": repeat, "t_s": t_s, "seconds": seconds, "cpu_share": share}
-                                for repeat, (t_s, seconds, share) in enumerate(timed)]
-                bar.update()
+            measure([(point_id, round_number) for point_id in shuffler.sample(range(len(grid)), len(grid))], 0, bar)
         tracer.record()
+        plan, passes = remeasure_until_settled(sample_rows, tracer.frame, tracer.record, rounds,
+                                               MAX_REMEASURE_ROUNDS * len(grid), measure_pass,
+                                               lambda tasks: shuffler.sample(tasks, len(tasks)),
+                                               lambda: time.perf_counter() - started)
+    gc.unfreeze()
     probe_readings.append(read_probes("end"))
     roofline = machine.peak_roofline(probe_readings)
 
-    trace = tracer.frame()
-    samples = normalise(pd.DataFrame(sample_rows), trace)
-    points = pd.DataFrame([_point_row(point_id, point, samples[samples["point_id"] == point_id], arch, roofline)
+    all_samples = pd.DataFrame(sample_rows)
+    trace = mark_disturbed(tracer.frame())
+    brackets = measurement_brackets(all_samples[~all_samples["superseded"]], trace)
+    # a disturbed reading still next to a kept measurement (the budget ran out) stays in the speed band
+    kept_next_to = set(brackets.loc[brackets["disturbed"], ["before", "after"]].to_numpy().ravel())
+    trace = trace.assign(in_band=~trace["disturbed"] | trace["reading"].isin(kept_next_to))
+    all_samples = normalise(all_samples, trace)
+    samples = all_samples[~all_samples["superseded"]]
+    points = pd.DataFrame([_point_row(point_id, point, samples[samples["point_id"] == point_id], arch, roofline,
+                                      all_samples[all_samples["point_id"] == point_id], rounds)
                            for point_id, point in enumerate(grid)])
+    remeasure = remeasure_summary(plan, passes, trace, brackets, rounds, len(grid))
     expected_kv = 2 * model_meta["n_layer"] * model_meta["n_embd"] * FLOAT32_BYTES
     meta = {
         "machine": machine.describe_machine(threads, device),
@@ -369,6 +546,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                      "references": {kind: vars(point) for kind, point in references.items()}},
         "n_points": len(grid),
         "speed": {**speed_summary(trace), "trace": trace.to_dict("records")},
+        "remeasure": remeasure,
         "rounds": {"n": rounds,
                    "median_spread_pct": float(points["spread_pct"].median()),
                    "median_raw_spread_pct": float(points["raw_spread_pct"].median())},
@@ -377,10 +555,38 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
         "cpu_share": {"min": float(points["cpu_share"].min()), "median": float(points["cpu_share"].median())},
         "wall_time_s": time.perf_counter() - started,
     }
-    return Profile(points, samples, meta)
+    return Profile(points, all_samples, meta)
 
 
-def _point_row(point_id, point, samples, arch, roofline) -> dict:
+def remeasure_summary(plan: RemeasurePlan, passes: list, trace: pd.DataFrame, brackets: pd.DataFrame,
+                      planned_rounds: int, n_points: int) -> dict:
+    """machine.json's `remeasure`: the rule, each reference's noise floor, the disturbed readings, each
+    pass (the (point_id, round) measured again and the extra rounds given), totals, and what the budget
+    left undone (disturbed measurements kept, points whose rounds still disagree)."""
+    disturbed = trace[trace["disturbed"]]
+    return {
+        "rule": (f"a reading is disturbed when a reference's time departs from its median by more than "
+                 f"{NOISE_FLOOR_SIGMAS:g} x {MAD_TO_SIGMA} x the median absolute deviation of its readings' log "
+                 f"time (at least {MIN_NOISE_FLOOR:g}); the measurements next to it are measured again; a point "
+                 f"gets another round while fewer than {planned_rounds} of its rounds agree within that floor "
+                 f"(at most {MAX_EXTRA_ROUNDS_PER_POINT} extra); at most {MAX_REMEASURE_ROUNDS} x {n_points} "
+                 f"measurements in all"),
+        "noise_floor": plan.floors,
+        "noise_floor_pct": {kind: float(100.0 * (np.exp(floor) - 1.0)) for kind, floor in plan.floors.items()},
+        "disturbed_readings": sorted(int(r) for r in disturbed["reading"].unique()),
+        "disturbed_max_departure_pct": float(100.0 * (np.exp(disturbed["departure"].abs().max()) - 1.0))
+                                       if len(disturbed) else 0.0,
+        "passes": passes,
+        "n_remeasured": sum(len(p["remeasured"]) for p in passes),
+        "n_extra_rounds": sum(len(p["extra_rounds"]) for p in passes),
+        "budget": MAX_REMEASURE_ROUNDS * n_points,
+        "budget_exhausted": bool(plan.disturbed_left or plan.unsettled_left),
+        "disturbed_kept": int(brackets["disturbed"].sum()),
+        "unsettled_left": [int(point_id) for point_id, _ in plan.unsettled_left],
+    }
+
+
+def _point_row(point_id, point, samples, arch, roofline, every_sample, planned_rounds) -> dict:
     work = work_model.call_work(arch, point.kind, point.batch, point.prompt_len, point.cached)
     flops, bytes_read = work.flops, work.bytes
     floor_mem = bytes_read / (roofline["bandwidth_gbs"] * 1e9)
@@ -402,4 +608,6 @@ def _point_row(point_id, point, samples, arch, roofline) -> dict:
         "bound": "memory" if floor_mem >= floor_compute else "compute",
         "efficiency": max(floor_mem, floor_compute) / median,
         "cpu_share": float(samples["cpu_share"].median()),
+        "n_remeasured": int(every_sample.loc[every_sample["superseded"], "round"].nunique()),
+        "n_extra_rounds": int(max(per_round.size - planned_rounds, 0)),
     }
