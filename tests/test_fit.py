@@ -287,3 +287,17 @@ def test_quick_profile_fit_writes_the_cost_model_report_and_predictions(tmp_path
         "point_id", "kind", "batch", "prompt_len", "cached", "measured_s", "predicted_s", "error_pct",
         "in_holdout", "validation_predicted_s", "validation_error_pct", "used_in_fit", "spread_pct"]
     assert predictions.in_holdout.any() and not predictions[predictions.kind == "prefill_batch"].used_in_fit.any()
+
+
+def test_superseded_calls_are_left_out_and_extra_rounds_of_some_points_are_scored():
+    points, samples = rounds_of(synthetic_points(KNOWN))
+    samples = samples.assign(superseded=False)
+    # a disturbed round measured again: its old calls (3x slower) superseded, the new ones exact
+    disturbed = samples[samples["point_id"] < 5].assign(normalized_s=lambda s: 3 * s["normalized_s"], superseded=True)
+    # two points given an extra round
+    extra = samples[(samples["point_id"] == 7) & (samples["round"] == 0)].assign(round=4)
+    samples = pd.concat([samples, disturbed, extra], ignore_index=True)
+    fit = fit_profile(points, samples, synthetic_meta(), 0.25, 0.05, 0)
+    for term, value in coefficients(KNOWN).items():
+        assert getattr(fit.cost_model, term) == pytest.approx(value, rel=1e-6)
+    assert np.isfinite(fit.report["round_mape"]) and fit.report["round_mape"] == pytest.approx(0.0, abs=1e-9)

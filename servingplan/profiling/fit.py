@@ -26,7 +26,8 @@ is there; its floor is the least it costs). The report gives each term's efficie
 and whether the bound holds it at its floor.
 
 A fit that does not learn noise. Every grid point was measured in R rounds spread over the profile, so
-the fit can be scored on rounds it has not seen: fitted on the median of R - 1 rounds, it predicts the
+the fit can be scored on rounds it has not seen (the profiler's re-measured calls replace the ones
+they supersede; a point given extra rounds is scored on each of its rounds): fitted on the median of R - 1 rounds, it predicts the
 held-out round, for each round in turn (cross-validation across rounds). A form's extra freedom stays
 only where it predicts held-out rounds better than the simpler form does:
 - per batch B, a table value f(B) is kept only if the table form (a value per batch, shared c)

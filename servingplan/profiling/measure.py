@@ -35,6 +35,16 @@ A point's time is the median over rounds of its per-round medians of normalised 
 under the conditions the engine runs in, not a best case. The spread of those per-round medians is the
 point's uncertainty; the raw (not normalised) spread is kept beside it to show what normalising buys.
 
+Re-measuring (plan_remeasure, remeasure_until_settled). After the planned rounds, a reading whose
+reference departs from its median by more than the noise floor (NOISE_FLOOR_SIGMAS robust standard
+deviations of the references' own readings) marks the machine as disturbed then: the measurements
+between it and its neighbouring readings are measured again, and their old calls kept in the samples
+but `superseded`. Then a point whose rounds still disagree (fewer than `rounds` of them within the
+floor of their median) gets an extra round. Passes repeat until nothing is left, at most
+MAX_REMEASURE_ROUNDS grid-sizes of measurements in all, so a disturbed minute costs about a minute's
+measurements and the profile always ends. The speed band (speed summary) leaves out disturbed readings
+that no kept measurement sits next to.
+
 points CSV, one row per grid point:
     point_id, kind, batch, prompt_len (new tokens per sequence), cached (tokens of the longest sequence
     already in the KV cache), median_s (see above), round_min_s, round_max_s, spread_pct (100 x
@@ -44,15 +54,20 @@ points CSV, one row per grid point:
     (bytes / peak bandwidth), floor_compute_s (flops / peak GEMM rate), floor_s (the larger), bound,
     efficiency (floor_s / median_s), cpu_share
     (median over its calls of the CPU time the process got over threads x wall time: well below 1 means
-    other load competed for the cores)
+    other load competed for the cores), n_remeasured (rounds measured again after a disturbance),
+    n_extra_rounds (rounds beyond `rounds`, given because its rounds disagreed); every value over the
+    calls not superseded
 samples CSV, one row per timed call: point_id, kind, batch, prompt_len, cached, round, repeat, t_s
     (seconds since the profile started, at the call's middle), seconds, speed (the reference's relative
-    speed then), normalized_s (seconds / speed), cpu_share
+    speed then), normalized_s (seconds / speed), cpu_share, remeasure_pass (0 for the planned rounds),
+    superseded (a later pass measured this point's round again: left out of every value)
 meta JSON: machine, roofline (the peak bandwidth and GEMM rate over every reading of the probes: at the
     start, before each later round and at the end, the GEMM on the model's own products; see
     machine.peak_roofline), model, memory (param bytes,
     KV bytes per token measured and expected, peak RSS), the settings used, the speed trace and its
-    summary (`speed`), the rounds' spread before and after normalising, load averages, and wall_time_s.
+    summary (`speed`; the trace's readings carry `reading`, `departure`, `disturbed`, `in_band`), what
+    was measured again (`remeasure`, see remeasure_summary), the rounds' spread before and after
+    normalising, load averages, and wall_time_s.
 """
 from __future__ import annotations
 
