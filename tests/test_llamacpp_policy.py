@@ -78,3 +78,13 @@ def test_micro_batches():
     assert ubatches(1100, 512) == [512, 512, 76]
     assert ubatches(512, 512) == [512]
     assert ubatches(3, 512) == [3]
+
+
+def test_the_simulator_runs_the_policy_without_preemption_on_a_tiny_cache(growing_cost):
+    import numpy as np
+    from conftest import make_trace
+    from servingplan.sim import simulate
+    trace = make_trace(np.arange(8) * 0.001, [40] * 8, [60] * 8)
+    r = simulate(trace, growing_cost, "llamacpp", 8, kv_blocks=14, block_size=8)
+    assert r.finished.all() and r.preemptions.sum() == 0 and r.peak_kv_blocks <= 14
+    assert np.array_equal(r.generated, trace.output_tokens)
