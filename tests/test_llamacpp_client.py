@@ -139,3 +139,36 @@ def test_random_prompts_are_distinct_and_seeded():
     a, b = random_prompts([50, 50], seed=3), random_prompts([50, 50], seed=3)
     assert a == b and a[0] != a[1] and [len(p) for p in a] == [50, 50]
     assert all(0 <= t < 50257 for p in a for t in p)
+
+
+def test_the_replay_script_writes_measured_rows_against_a_running_server(stub, tmp_path):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "llamacpp_replay", Path(__file__).resolve().parents[1] / "scripts" / "llamacpp_replay.py")
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    out = replay.main(["--model", "unused.gguf", "--url", stub, "--rate", "50", "--requests", "4",
+                       "--prompt-min", "5", "--prompt-max", "8", "--output-len", "3", "--vocab", "1000",
+                       "--seed", "2", "--timeout", "10", "--out", str(tmp_path / "r.json")])
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["measured"]["requests"] == 4
+    # a prompt starting with a stub failure code (1-5) fails there; every other request gets its 3 tokens
+    for row in written["requests"]:
+        assert row["error"] is not None or row["output_tokens"] == 3
+    assert out["settings"]["rate"] == 50.0
+
+
+def test_the_replay_script_simulates_the_same_trace_under_the_llamacpp_policy(tmp_path, growing_cost):
+    import argparse
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "llamacpp_replay", Path(__file__).resolve().parents[1] / "scripts" / "llamacpp_replay.py")
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    (tmp_path / "cm.json").write_text(json.dumps(growing_cost.to_dict()))
+    args = argparse.Namespace(requests=20, rate=2.0, seed=0, prompt_min=None, prompt_max=None, output_len=None,
+                              costmodel=tmp_path / "cm.json", np=4, n_batch=64)
+    summary = replay.simulated(replay.make_trace(args), args)
+    assert summary["num_requests"] == 20 and summary["finished"] == 20 and summary["ttft_ms_p50"] > 0
