@@ -8,7 +8,8 @@ The trace is servingplan.workload's (the capstone's prompt and output distributi
 --output-* are given), at `--rate` requests/s. Prompts are random token ids (--vocab). The JSON holds the
 settings, one row per request (arrival, sent, token times, error) and the client's summary (TTFT, TPOT,
 ITL, E2E in ms); with --costmodel also the simulator's summary of the same trace. `--server-log` keeps
-llama-server's log at `-lv 1` (its per-step lines).
+llama-server's log at `-lv 5` (debug: its per-batch lines are LOG_DBG; `-lv 3`, info, has only the
+per-slot prompt-progress and stop lines).
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def main(argv=None) -> dict:
         results = run_trace(args.url, trace.arrival_s, prompts, outputs, timeout_s=args.timeout)
     else:
         with LlamaServer(args.model, threads=args.threads, n_parallel=args.np, ctx=args.ctx, n_batch=args.n_batch,
-                         n_ubatch=args.n_ubatch, verbosity=1 if args.server_log else None,
+                         n_ubatch=args.n_ubatch, verbosity=5 if args.server_log else None,
                          log_file=args.server_log) as server:
             results = run_trace(server.url, trace.arrival_s, prompts, outputs, timeout_s=args.timeout)
     out = {

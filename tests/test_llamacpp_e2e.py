@@ -29,7 +29,7 @@ def tiny_gguf(tmp_path_factory):
 
 def test_llama_server_serves_exact_token_counts(tiny_gguf, tmp_path):
     log = tmp_path / "server.log"
-    with LlamaServer(tiny_gguf, threads=1, n_parallel=2, ctx=256, n_batch=32, n_ubatch=32, verbosity=1,
+    with LlamaServer(tiny_gguf, threads=1, n_parallel=2, ctx=256, n_batch=32, n_ubatch=32, verbosity=3,
                      log_file=log) as server:
         # 4 requests on 2 slots (two wait), prompts of 40-60 tokens split by n_batch 32
         prompts = random_prompts([40, 60, 45, 50], vocab_size=500, seed=0)

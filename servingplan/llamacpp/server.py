@@ -5,7 +5,8 @@
 
 The flags are the feasibility run's (issue 22): `--cache-ram 0` (no prompt cache across requests) and
 `-kvu` (one unified KV buffer for all slots). The server listens on 127.0.0.1 only, on a free port; its
-log goes to `log_file` (with `verbosity`, e.g. 1 for `-lv 1`, the per-step log).
+log goes to `log_file` (`verbosity` is `-lv`: 3 info, the per-slot prompt progress and stops; 5 debug,
+the per-batch lines a step comparison needs).
 """
 from __future__ import annotations
 
