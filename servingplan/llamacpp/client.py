@@ -77,8 +77,8 @@ def random_prompts(lengths, vocab_size: int = 50257, seed: int = 0) -> list[list
 
 def _body(prompt: list, max_tokens: int, model: str) -> bytes:
     return json.dumps({"model": model, "prompt": prompt, "max_tokens": int(max_tokens), "ignore_eos": True,
-                       "temperature": 0.0, "stream": True, "timings_per_token": True,
-                       "cache_prompt": False}).encode()
+                       "temperature": 0.0, "stream": True,
+                       "timings_per_token": True}).encode()
 
 
 def stream_completion(base_url: str, prompt: list, max_tokens: int, *, t0: float, result: RequestResult,
