@@ -92,6 +92,7 @@ def test_a_streamed_request_counts_every_token_held_back_ones_included(stub):
     assert path == "/v1/completions"
     assert body["prompt"] == [7, 8, 9] and body["max_tokens"] == 5
     assert body["ignore_eos"] is True and body["stream"] is True and body["timings_per_token"] is True
+    assert body["cache_prompt"] is False
     t = res.token_times_s
     assert t == sorted(t) and t[1] == t[2]          # tokens 2 and 3 came in one chunk
     assert res.ttft_s == pytest.approx(t[0]) and res.ttft_s >= TOKEN_GAP_S

@@ -1,7 +1,8 @@
 """A vLLM-bench-style streaming client for llama-server's OpenAI-compatible /v1/completions.
 
 Each request sends token ids as its prompt (so the tokenizer's content never matters), `max_tokens` with
-`ignore_eos` (so every request generates exactly its output length), `stream` and `timings_per_token`.
+`ignore_eos` (so every request generates exactly its output length), `stream`, `timings_per_token`, and
+`cache_prompt: false` (a slot reuses no earlier prompt's KV: every prompt token is computed, as simulated).
 llama-server may hold back tokens (an incomplete UTF-8 sequence, a possible stop string) and send them
 later in one chunk; with `timings_per_token` every chunk carries `timings.predicted_n`, the tokens
 generated so far, so held-back tokens are still counted, each stamped with the arrival of the chunk that
@@ -78,7 +79,7 @@ def random_prompts(lengths, vocab_size: int = 50257, seed: int = 0) -> list[list
 def _body(prompt: list, max_tokens: int, model: str) -> bytes:
     return json.dumps({"model": model, "prompt": prompt, "max_tokens": int(max_tokens), "ignore_eos": True,
                        "temperature": 0.0, "stream": True,
-                       "timings_per_token": True}).encode()
+                       "timings_per_token": True, "cache_prompt": False}).encode()
 
 
 def stream_completion(base_url: str, prompt: list, max_tokens: int, *, t0: float, result: RequestResult,
