@@ -88,3 +88,21 @@ def test_the_simulator_runs_the_policy_without_preemption_on_a_tiny_cache(growin
     r = simulate(trace, growing_cost, "llamacpp", 8, kv_blocks=14, block_size=8)
     assert r.finished.all() and r.preemptions.sum() == 0 and r.peak_kv_blocks <= 14
     assert np.array_equal(r.generated, trace.output_tokens)
+
+
+def test_slots_released_together_take_the_deferred_requests_in_reverse_order():
+    # 2 slots, n_batch 16; C, D, E find no idle slot at iteration 1 and are deferred.
+    # it 1: A -> slot 1 (highest unused), B -> slot 0; prompts B 2, A 2 (both first tokens).
+    # it 2: decodes slot 0 (B), slot 1 (A): both done, released in slot order (slot 0 first).
+    # it 3: each release pushed the deferred head to the front of the task queue: C then D, so D is
+    #       processed first and takes the least recently used slot, 0; C takes slot 1; E stays deferred.
+    #       Prompts in slot order: D 3, C 4.
+    sched = Scheduler("llamacpp", 2, chunk_size=16)
+    for seq in [Seq("A", 2, 2), Seq("B", 2, 2), Seq("C", 4, 1), Seq("D", 3, 1), Seq("E", 2, 1)]:
+        sched.add(seq)
+    assert run(sched) == ({"B": 0, "A": 1}, [], [("B", 2), ("A", 2)])
+    assert run(sched) == ({"B": 0, "A": 1}, ["B", "A"], [])
+    assert run(sched) == ({"D": 0, "C": 1}, [], [("D", 3), ("C", 4)])
+    assert [s.id for s in sched.waiting] == ["E"]
+    assert run(sched) == ({"E": 0}, [], [("E", 2)])
+    assert sched.idle

@@ -4,7 +4,9 @@ llama-cpp-python 0.3.36; tools/server/server-context.cpp), so the simulator pred
 - `max_num_seqs` slots (llama-server's `-np`). A request takes an idle slot, least recently used first
   (get_available_slot: among idle slots the smallest t_last_used, set when a slot is released; ties go
   to the *last* slot scanned, `<=`, so the very first request takes the highest slot id). With no idle
-  slot it waits in a FIFO (the deferred queue). Prompt-similarity slot selection does not apply: prompts
+  slot it waits in a FIFO (the deferred queue). Each slot released puts the deferred queue's head at the
+  *front* of the task queue (server_queue::pop_deferred_task), so when m slots are released at once the
+  m oldest deferred requests take slots in reverse order, ahead of requests that arrived meanwhile. Prompt-similarity slot selection does not apply: prompts
   are distinct random token ids, so no cached prefix passes the 0.1 threshold.
 - Each iteration (update_slots) is one llama_decode of one batch: first every generating slot adds its
   one sampled token, in slot order; then prompt tokens of slots still processing their prompt fill the
@@ -28,6 +30,7 @@ class Slots:
         self.seq = [None] * n          # the Seq a slot holds, None when idle
         self.released = [None] * n     # (iteration, slot id) of the last release; None: never used
         self.iteration = 0
+        self.deferred = set()          # ids of the requests llama-server has deferred (no slot was idle)
 
     def pick(self) -> int | None:
         """llama-server's LRU choice among idle slots, None if all are busy."""
@@ -62,18 +65,27 @@ def schedule(sched, step) -> None:
         if seq is not None and id(seq) not in running:
             slots.seq[i] = None
             slots.released[i] = (slots.iteration, i)
-    # 2. queued requests take idle slots, FIFO, each reserving its whole context
-    while sched.waiting:
+    # 2. the task queue: one deferred request per slot released, each pushed to the front (so reversed),
+    #    then the requests that arrived since the last iteration, FIFO; each takes an idle slot by LRU and
+    #    reserves its whole context, or is deferred (behind those already deferred)
+    released = sum(1 for i in range(len(slots.seq)) if slots.released[i] == (slots.iteration, i))
+    deferred = [s for s in sched.waiting if id(s) in slots.deferred]
+    fresh = [s for s in sched.waiting if id(s) not in slots.deferred]
+    popped = deferred[:released]
+    queue = popped[::-1] + fresh
+    admitted = []
+    for seq in queue:
         i = slots.pick()
-        if i is None:
+        if i is None or not sched.kv.grow(seq, seq.prompt_len + seq.output_len - 1):
             break
-        seq = sched.waiting[0]
-        if not sched.kv.grow(seq, seq.prompt_len + seq.output_len - 1):
-            break
-        sched.waiting.popleft()
+        admitted.append(seq)
         sched.running.append(seq)
         step.admitted.append(seq)
         slots.seq[i] = seq
+    taken = set(map(id, admitted))
+    sched.waiting.clear()
+    sched.waiting.extend(s for s in deferred + fresh if id(s) not in taken)
+    slots.deferred = set(map(id, sched.waiting))
     # 3. every generating slot adds one token, in slot order
     held = [s for s in slots.seq if s is not None]
     step.decodes = [s for s in held if s.prefilled >= s.prefill_target]
