@@ -6,8 +6,11 @@ llama-cpp-python 0.3.36; tools/server/server-context.cpp), so the simulator pred
   to the *last* slot scanned, `<=`, so the very first request takes the highest slot id). With no idle
   slot it waits in a FIFO (the deferred queue). Each slot released puts the deferred queue's head at the
   *front* of the task queue (server_queue::pop_deferred_task), so when m slots are released at once the
-  m oldest deferred requests take slots in reverse order, ahead of requests that arrived meanwhile. Prompt-similarity slot selection does not apply: prompts
-  are distinct random token ids, so no cached prefix passes the 0.1 threshold.
+  m oldest deferred requests take slots in reverse order, ahead of requests that arrived meanwhile.
+  (A request counts as deferred once a planned iteration found no slot for it; the simulator's
+  fast-forward over identical decode steps plans no iteration, so a request arriving during one counts
+  as new: a difference only when several slots are released at once.) Prompt-similarity slot selection
+  does not apply: prompts are distinct random token ids, so no cached prefix passes the 0.1 threshold.
 - Each iteration (update_slots) is one llama_decode of one batch: first every generating slot adds its
   one sampled token, in slot order; then prompt tokens of slots still processing their prompt fill the
   batch up to `n_batch` (`chunk_size` here; it counts the decode tokens too), in slot order, so a prompt
