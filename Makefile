@@ -22,3 +22,10 @@ test: $(STAMP)
 
 clean:
 	rm -rf results .snakemake
+
+# llama.cpp (issue 22): llama-server, llama-bench and llama-batched-bench from the pinned
+# llama-cpp-python sdist, built into ${SERVINGPLAN_CACHE:-$HOME/.cache/servingplan}/llamacpp-<version>
+# (about 30 minutes on 2 cores; a second call does nothing).
+.PHONY: llamacpp
+llamacpp:
+	bash scripts/build_llamacpp.sh

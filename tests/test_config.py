@@ -27,7 +27,7 @@ def test_shipped_configs_are_valid():
 @pytest.mark.parametrize("change, expected", [
     (lambda c: c["sweep"]["caps"].__setitem__(1, 0), "config error: sweep.caps[1] = 0: must be >= 1"),
     (lambda c: c["sweep"].__setitem__("policies", ["fifo"]),
-     "config error: sweep.policies[0] = 'fifo': allowed: static, continuous, continuous_chunked"),
+     "config error: sweep.policies[0] = 'fifo': allowed: static, continuous, continuous_chunked, llamacpp"),
     (lambda c: c["cost"].__setitem__("price_per_hour", "cheap"),
      "config error: cost.price_per_hour = 'cheap': must be of type number"),
     (lambda c: c["cost"].pop("price_per_hour"), "config error: cost.price_per_hour is missing (required)"),

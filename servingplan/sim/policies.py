@@ -21,6 +21,8 @@ REGISTRY = (
     Policy("static", "static batching", "#999999", "s"),
     Policy("continuous", "continuous batching", "#0072B2", "o"),
     Policy("continuous_chunked", "continuous + chunked prefill", "#D55E00", "^", unchunked="continuous"),
+    # llama-server's own scheduler (servingplan/sim/llamacpp_slots.py): chunk_size is its n_batch
+    Policy("llamacpp", "llama.cpp server slots", "#009E73", "D"),
 )
 BY_NAME = {p.name: p for p in REGISTRY}
 POLICIES = tuple(BY_NAME)

@@ -235,6 +235,10 @@ class Scheduler:
             budget -= n
         self._admit(step, budget)
 
+    def _schedule_llamacpp(self, step: Step) -> None:
+        from servingplan.sim import llamacpp_slots   # llama-server's slots, LRU, n_batch filling
+        llamacpp_slots.schedule(self, step)
+
     # -- applying a finished step ------------------------------------------------------------------
     def complete(self, step: Step) -> tuple[list, list]:
         """Apply an executed step. Returns (sequences that emitted a token, sequences that finished)."""
@@ -291,6 +295,7 @@ class Scheduler:
 
 # Each registered policy's planning method; a name registered without one fails at import.
 PLANNERS = {"static": "_schedule_static", "continuous": "_schedule_prefill_first",
+            "llamacpp": "_schedule_llamacpp",
             "continuous_chunked": "_schedule_chunked"}
 if set(PLANNERS) != set(POLICIES) or not all(hasattr(Scheduler, m) for m in PLANNERS.values()):
     raise ImportError(f"scheduler: policies {sorted(POLICIES)} and planning methods {sorted(PLANNERS)} differ")

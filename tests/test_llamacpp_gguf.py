@@ -1,0 +1,49 @@
+"""GGUF conversion of the seeded GPT-2 with the pinned sdist's converter, on the tiny test model.
+Needs the unpacked sdist (`make llamacpp`): skipped where it is absent, failed instead under CI=true."""
+import os
+import sys
+
+import pytest
+
+from servingplan.llamacpp import build
+from servingplan.llamacpp.gguf_model import TINY_OVERRIDES, make_gguf, synthetic_tokenizer
+
+
+def need_sources():
+    if not (build.source_dir() / "convert_hf_to_gguf.py").is_file():
+        message = f"llama.cpp sources absent ({build.source_dir()}): run `make llamacpp`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (CI builds it first)")
+        pytest.skip(message)
+
+
+def test_the_synthetic_tokenizer_has_exactly_the_model_vocabulary():
+    tok = synthetic_tokenizer(512)
+    assert len(tok) == 512 and tok.eos_token_id == 511
+    text = "hello, world"
+    assert tok.decode(tok.encode(text)) == text
+    with pytest.raises(ValueError):
+        synthetic_tokenizer(100)
+
+
+def test_the_tiny_model_converts_to_a_gguf_llama_cpp_reads(tmp_path):
+    need_sources()
+    out = make_gguf(tmp_path / "tiny.gguf", seed=0, tiny=True, work_dir=tmp_path)
+    sys.path.insert(0, str(build.source_dir() / "gguf-py"))
+    try:
+        from gguf import GGUFReader
+    finally:
+        sys.path.pop(0)
+    reader = GGUFReader(out)
+
+    def value(key):
+        field = reader.fields[key]
+        return field.parts[field.data[0]].tolist()
+
+    assert bytes(value("general.architecture")) == b"gpt2"
+    assert value("gpt2.block_count") == [TINY_OVERRIDES["n_layer"]]
+    assert value("gpt2.context_length") == [TINY_OVERRIDES["n_positions"]]   # the n_ctx workaround
+    assert value("gpt2.embedding_length") == [TINY_OVERRIDES["n_embd"]]
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == TINY_OVERRIDES["vocab_size"]
+    assert bytes(value("tokenizer.ggml.pre")) == b"gpt-2"
+    assert any(t.name == "token_embd.weight" for t in reader.tensors)

@@ -1,0 +1,108 @@
+"""The `llamacpp` policy against a slot schedule worked out by hand from llama-server's update_slots
+(llama.cpp 0c1e570, tools/server/server-context.cpp)."""
+from servingplan.sim import BlockManager, Scheduler, Seq
+from servingplan.sim.llamacpp_slots import slots_of, ubatches
+from servingplan.sim.policies import POLICIES, label
+
+
+def run(sched):
+    """One iteration: (slot of each held request, generating slots' requests, prompt tokens per request)."""
+    step = sched.schedule()
+    table = slots_of(sched)
+    held = {s.id: i for i, s in enumerate(table.seq) if s is not None}
+    out = (held, [s.id for s in step.decodes], [(s.id, n) for s, n in step.prefills])
+    sched.complete(step)
+    return out
+
+
+def test_the_policy_is_registered():
+    assert "llamacpp" in POLICIES and label("llamacpp") == "llama.cpp server slots"
+
+
+def test_slots_lru_fifo_and_n_batch_filling_follow_the_hand_worked_schedule():
+    # 3 slots (-np 3), n_batch 8. Requests (id: prompt, output), all queued before the first iteration.
+    sched = Scheduler("llamacpp", 3, chunk_size=8)
+    for seq in [Seq("A", 5, 3), Seq("B", 6, 2), Seq("C", 4, 2), Seq("D", 3, 2)]:
+        sched.add(seq)
+    # Worked by hand:
+    # it 1: all slots unused (t_last_used -1, ties to the last scanned): A->slot 2, B->slot 1, C->slot 0;
+    #       D waits. No decodes. Prompts in slot order: C 4 (done: first token), B 4 of 6; batch full (8).
+    # it 2: decodes C (slot 0), 1 token. Prompts: B's last 2 (first token), A 5 (first token): 8 tokens.
+    #       C has its 2 tokens: done, released.
+    # it 3: D takes the only idle slot, 0. Decodes slot 1 (B), slot 2 (A); prompt D 3 (first token).
+    #       B done (2 tokens).
+    # it 4: decodes slot 0 (D), slot 2 (A): D done (2), A done (3).
+    assert run(sched) == ({"C": 0, "B": 1, "A": 2}, [], [("C", 4), ("B", 4)])
+    assert run(sched) == ({"C": 0, "B": 1, "A": 2}, ["C"], [("B", 2), ("A", 5)])
+    assert run(sched) == ({"D": 0, "B": 1, "A": 2}, ["B", "A"], [("D", 3)])
+    assert run(sched) == ({"D": 0, "A": 2}, ["D", "A"], [])
+    assert sched.idle
+    # LRU: slot 1 was released first (iteration 4); slots 0 and 2 in the same iteration (5), slot 0 first
+    # in slot order, so E -> slot 1, F -> slot 0, G -> slot 2.
+    for seq in [Seq("E", 2, 1), Seq("F", 2, 1), Seq("G", 2, 1)]:
+        sched.add(seq)
+    assert run(sched) == ({"F": 0, "E": 1, "G": 2}, [], [("F", 2), ("E", 2), ("G", 2)])
+    assert sched.idle
+
+
+def test_a_long_prompt_is_split_across_iterations_behind_the_decodes():
+    # 2 slots, n_batch 4: one short request decodes while a 9-token prompt fills what is left
+    sched = Scheduler("llamacpp", 2, chunk_size=4)
+    sched.add(Seq("s", 1, 4))
+    assert run(sched) == ({"s": 1}, [], [("s", 1)])
+    sched.add(Seq("L", 9, 1))
+    assert run(sched) == ({"L": 0, "s": 1}, ["s"], [("L", 3)])
+    assert run(sched) == ({"L": 0, "s": 1}, ["s"], [("L", 3)])
+    assert run(sched) == ({"L": 0, "s": 1}, ["s"], [("L", 3)])   # s done; L's last 3: its only token
+    assert sched.idle
+
+
+def test_no_preemption_the_context_is_reserved_when_a_slot_is_taken():
+    # room for 2 blocks of 8: the first request reserves 12 - 1 entries, the second must wait for it
+    sched = Scheduler("llamacpp", 2, chunk_size=16, kv=BlockManager(2, block_size=8))
+    a, b = Seq("a", 4, 8), Seq("b", 4, 8)
+    sched.add(a)
+    sched.add(b)
+    held, _, _ = run(sched)
+    assert held == {"a": 1} and list(sched.waiting) == [b]
+    while a in sched.running:
+        step = sched.schedule()
+        assert not step.preempted
+        sched.complete(step)
+    assert a.preemptions == 0 and a.generated == 8
+    held, _, prefills = run(sched)
+    assert held == {"b": 0} and prefills == [("b", 4)]
+
+
+def test_micro_batches():
+    assert ubatches(1100, 512) == [512, 512, 76]
+    assert ubatches(512, 512) == [512]
+    assert ubatches(3, 512) == [3]
+
+
+def test_the_simulator_runs_the_policy_without_preemption_on_a_tiny_cache(growing_cost):
+    import numpy as np
+    from conftest import make_trace
+    from servingplan.sim import simulate
+    trace = make_trace(np.arange(8) * 0.001, [40] * 8, [60] * 8)
+    r = simulate(trace, growing_cost, "llamacpp", 8, kv_blocks=14, block_size=8)
+    assert r.finished.all() and r.preemptions.sum() == 0 and r.peak_kv_blocks <= 14
+    assert np.array_equal(r.generated, trace.output_tokens)
+
+
+def test_slots_released_together_take_the_deferred_requests_in_reverse_order():
+    # 2 slots, n_batch 16; C, D, E find no idle slot at iteration 1 and are deferred.
+    # it 1: A -> slot 1 (highest unused), B -> slot 0; prompts B 2, A 2 (both first tokens).
+    # it 2: decodes slot 0 (B), slot 1 (A): both done, released in slot order (slot 0 first).
+    # it 3: each release pushed the deferred head to the front of the task queue: C then D, so D is
+    #       processed first and takes the least recently used slot, 0; C takes slot 1; E stays deferred.
+    #       Prompts in slot order: D 3, C 4.
+    sched = Scheduler("llamacpp", 2, chunk_size=16)
+    for seq in [Seq("A", 2, 2), Seq("B", 2, 2), Seq("C", 4, 1), Seq("D", 3, 1), Seq("E", 2, 1)]:
+        sched.add(seq)
+    assert run(sched) == ({"B": 0, "A": 1}, [], [("B", 2), ("A", 2)])
+    assert run(sched) == ({"B": 0, "A": 1}, ["B", "A"], [])
+    assert run(sched) == ({"D": 0, "C": 1}, [], [("D", 3), ("C", 4)])
+    assert [s.id for s in sched.waiting] == ["E"]
+    assert run(sched) == ({"E": 0}, [], [("E", 2)])
+    assert sched.idle
