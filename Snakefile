@@ -7,6 +7,9 @@
 # workload.trace.path, model.source) is relative to the working directory, as are results/ and logs:
 # the directory snakemake runs in (the current one, or --directory).
 import os
+import sys
+
+from servingplan.run_record import creates_report_only, report_refusal
 
 configfile: os.path.join(workflow.basedir, "config.yaml")
 # `snakemake --report results/snakemake_report.html`: the outputs marked report() in rules/, with
@@ -21,6 +24,14 @@ include: "rules/simulate.smk"
 include: "rules/plan.smk"
 include: "rules/validate.smk"
 include: "rules/report.smk"
+
+# `snakemake --report` describes the run in results/ under this config: refuse any other config than
+# the run's (servingplan/run_record.py), rather than file its outputs under the wrong settings
+if creates_report_only(sys.argv):
+    _refusal = report_refusal(CONFIG_HASH)
+    if _refusal:
+        print(_refusal, file=sys.stderr)
+        raise SystemExit(2)
 
 
 rule all:

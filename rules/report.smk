@@ -38,6 +38,27 @@ rule findings:
         "../scripts/findings.py"
 
 
+# How many simulated requests lie outside the range the cost model was profiled on (servingplan/coverage.py)
+rule coverage:
+    input:
+        costmodel=COSTMODEL,
+        trace=TRACE_FILE,
+        code=sources("coverage.py", "workload.py", "costmodel.py"),
+    output:
+        "results/plan/coverage.json",
+    params:
+        workload=config_keys(config["workload"]),
+        seeds=SEEDS,
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    log:
+        "results/logs/coverage.log",
+    script:
+        "../scripts/coverage.py"
+
+
 rule report:
     input:
         **MEASURED_INPUTS,
@@ -54,6 +75,7 @@ rule report:
         decision=rules.decide.output.decision,
         hardware=rules.decide.output.hardware,
         findings=rules.findings.output[0],
+        coverage=rules.coverage.output[0],
         exercise2=rules.exercise2.output.answers,
         ex2_caps=rules.exercise2.output.cap_sweep,
         ex2_chunks=rules.exercise2.output.chunk_sweep,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servingplan import costmodel, users, vllm_result, workload
+from servingplan import costmodel, coverage, users, vllm_result, workload
 from servingplan.capacity import Criterion
 from servingplan.io import MAX_NAME_BYTES, InputError, check_output_path, quiet_on_closed_pipe
 from servingplan.metrics import SLO, finite_or_none, summarize
@@ -684,29 +684,19 @@ def result_name(args, cost, policy: str, cap: int, rate: float, seed: int, date:
 def outside_profile(cost: costmodel.CostModel, traces) -> str | None:
     """A warning when requests lie outside the prompt lengths or contexts the cost model was profiled
     on (its meta.profiled_range, which the fit writes): its times there are extrapolated."""
-    profiled = cost.meta.get("profiled_range")
-    if profiled is None:
+    try:
+        ranges = coverage.profiled_range(cost.meta, MAX_TOKENS)
+    except ValueError as exc:
+        raise UsageError(f"--cost-model {cost.name!r}: {exc}") from None
+    if ranges is None:
         return None
-    ranges = {}
-    for key in ("prompt_tokens", "context_tokens"):
-        pair = profiled.get(key) if isinstance(profiled, dict) else None
-        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
-                and 0 <= pair[0] <= pair[1] <= MAX_TOKENS):
-            raise UsageError(f"--cost-model {cost.name!r}: meta.profiled_range.{key} = {pair!r}: must be [low, high], "
-                             f"integers with 0 <= low <= high <= {MAX_TOKENS}")
-        ranges[key] = pair
+    counts = coverage.outside_counts([trace for _, _, trace in traces], ranges)
+    if not counts["outside"]:
+        return None
     (prompt_lo, prompt_hi), context_hi = ranges["prompt_tokens"], ranges["context_tokens"][1]
-    outside = total = 0
-    for _, _, trace in traces:
-        prompts, contexts = trace.prompt_tokens, trace.prompt_tokens + trace.output_tokens
-        out = (prompts < prompt_lo) | (prompts > prompt_hi) | (contexts > context_hi)
-        outside += int(out.sum())
-        total += len(trace)
-    if not outside:
-        return None
-    return (f"{PROG}: warning: {outside} of {total} simulated requests lie outside the profiled range of cost model "
-            f"{cost.name!r} (prompt {prompt_lo}..{prompt_hi} tokens, context up to {context_hi} tokens); their step "
-            "times are extrapolated")
+    return (f"{PROG}: warning: {counts['outside']} of {counts['requests']} simulated requests lie outside the profiled "
+            f"range of cost model {cost.name!r} (prompt {prompt_lo}..{prompt_hi} tokens, context up to {context_hi} "
+            "tokens); their step times are extrapolated")
 
 
 def users_capacity(args, cost, traces, slo: SLO, step_budget: tuple[int, str]) -> dict:

@@ -18,23 +18,13 @@ from servingplan.costmodel import CostModel
 from servingplan.sim import simulate
 from servingplan.sim.closed_loop import simulate_closed_loop
 from servingplan.workload import Trace
+from test_cli_vllm import refused
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--num-prompts", "60", "--request-rate", "20", "--sweep-batch", "32", "--seeds", "1"]
 DATE = "20260102-030405"
 COUNTS = ("completed", "failed", "total_input_tokens", "total_output_tokens", "num_prompts", "max_concurrent_requests")
 LISTS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "latencies", "queue_times", "errors")
-
-
-def refused(capsys, *argv) -> str:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exit_:  # argparse's own refusals
-        code = exit_.code
-    assert code == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1
-    return err
 
 
 def saved(tmp_path) -> list[tuple[str, dict]]:

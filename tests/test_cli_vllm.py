@@ -23,6 +23,8 @@ def run_json(capsys, *argv) -> list[dict]:
 
 
 def refused(capsys, *argv) -> str:
+    """Run the CLI on `argv`, expect a refusal (exit 2, one line on stderr) and return that line; the one
+    helper of every CLI test file."""
     try:
         code = main(list(argv))
     except SystemExit as exit_:  # argparse's own refusals

@@ -99,6 +99,8 @@ class RunResults:
     hardware: dict | None = None
     workload: dict | None = None
     serving_memory: dict | None = None
+    # the simulated requests outside the cost model's profiled range (results/plan/coverage.json)
+    coverage: dict | None = None
 
     @property
     def measured(self) -> bool:
@@ -136,6 +138,7 @@ def load_results(inputs: Mapping) -> RunResults:
         workload=read_json(inputs["workload"]) if inputs.get("workload") else None,
         # the serving process's measured peak per (policy, cap), in a profiled run
         serving_memory=read_json(inputs["serving_memory"]) if inputs.get("serving_memory") else None,
+        coverage=read_json(inputs["coverage"]) if inputs.get("coverage") else None,
     )
 
 
@@ -677,6 +680,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "machine": machine_section(run),
         "profiling": profiling_section(run),
         "workload": workload_section(config, traces, clean(run.recommendation), clean(run.workload)),
+        "coverage": clean(run.coverage),
         "simulation": simulation_section(run, config, traces),
         "chunk_sweep": chunk_section(run, config, traces),
         "memory": memory_section(run),
