@@ -12,8 +12,8 @@ import pandas as pd
 
 from servingplan import hardware, money
 from servingplan.costmodel import CostModel
-from servingplan.capacity import (Criterion, busy_floor, capacity_searches, search_rate, speed_band_models,
-                                  ttft_floor_s)
+from servingplan.capacity import (Criterion, busy_floor, capacity_searches, int_bisect, search_rate,
+                                  speed_band_models, ttft_floor_s)
 from servingplan.config import HERE
 from servingplan.memory import GB, kv_blocks, memory_plan
 from servingplan.metrics import SLO, summarize
@@ -254,13 +254,7 @@ def smallest_fleet(holds, max_replicas: int, fewest: int = 1, largest_first: boo
         if r == max_replicas:
             return infeasible()
         failed, r = r, min(2 * r, max_replicas)
-    lo, hi = failed, r
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if check(mid):
-            hi = mid
-        else:
-            lo = mid
+    _, hi = int_bisect(lambda replicas: not check(replicas), failed, r)
     return {"replicas": hi, "feasible": True, "detail": tried[hi][1], "tried": sorted(tried)}
 
 
