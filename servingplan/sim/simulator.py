@@ -157,10 +157,18 @@ class Replica:
         """Run steps while the clock is before `until` (a step that starts before it runs to its
         end); an idle engine waits until then. Stops early past `horizon`, or past `settled_by` with its
         last request unfinished."""
+        sched = self.sched
         while self.t < until and self.t <= horizon:
             if self.t >= settled_by and math.isnan(self.timeline.done[self.last[0]]):
                 return
-            if not self._step(until):
+            if sched.waiting or sched.running:
+                stepped = self._step(until)
+            else:
+                # what _step does with nothing to serve (an empty plan, one event, no step), without
+                # planning it: most replicas of a large fleet are idle at most arrivals
+                self.events += 1
+                stepped = False
+            if not stepped:
                 if math.isinf(until):
                     return
                 self.slack += until - self.t
