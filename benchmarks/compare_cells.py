@@ -49,7 +49,8 @@ def cell_path(root: Path, machine: str, stage: str, cell: str) -> Path:
     return root / "machines" / machine / stage / "cells" / (f"{cell}.csv" if stage == "sweep" else f"{cell}.json")
 
 
-def compute(reference: Path, out: Path, config: dict, machines: list[str], stages: list[str]) -> dict:
+def compute(reference: Path, out: Path, config: dict, machines: list[str], stages: list[str],
+            cells: list[str] | None = None) -> dict:
     seeds = simulation_seeds(config)
     machine_json = read_json(glob.glob(str(reference / "profile" / "*" / "machine.json"))[0])
     cpu = {}
@@ -59,6 +60,8 @@ def compute(reference: Path, out: Path, config: dict, machines: list[str], stage
             start = time.process_time()
             for policy in config["sweep"]["policies"]:
                 for cap in config["sweep"]["caps"]:
+                    if cells and f"{policy}_cap{cap}" not in cells:
+                        continue
                     args = (cost, machine_json, policy, cap, config["workload"], config["slo"], config["sweep"],
                             config["memory"], seeds)
                     path = cell_path(out, machine, stage, f"{policy}_cap{cap}")
@@ -153,12 +156,13 @@ def main(argv=None) -> int:
     parser.add_argument("--config", type=Path, default=Path("config.yaml"))
     parser.add_argument("--machines", nargs="+", help="default: every machine of the reference run")
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=["capacity", "fleet"])
+    parser.add_argument("--cells", nargs="+", help="only these cells, as policy_capN (default: all)")
     parser.add_argument("--compare-only", action="store_true", help="compare cells already in OUT")
     args = parser.parse_args(argv)
     config = yaml.safe_load(args.config.read_text())
     machines = args.machines or sorted(p.name for p in (args.reference / "machines").iterdir() if p.is_dir())
     if not args.compare_only:
-        compute(args.reference, args.out, config, machines, args.stages)
+        compute(args.reference, args.out, config, machines, args.stages, args.cells)
     return compare(args.reference, args.out, config, machines, args.stages)
 
 
