@@ -75,6 +75,18 @@ def log_bisect(true_below, lo: float, hi: float, tolerance: float) -> tuple[floa
     return lo, hi
 
 
+def int_bisect(true_below, lo: int, hi: int) -> tuple[int, int]:
+    """Narrow the integers [lo, hi] around where `true_below` turns from true (at lo, known) to false (at hi,
+    known) until they are neighbours; log_bisect's counterpart for counts (users, replicas)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if true_below(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
 def search_rate(holds_at: Callable[[float], bool], rate_min: float, rate_max: float, tolerance: float,
                 fails_from: float = math.inf, known_to_hold: float | None = None, guess: float | None = None) -> dict:
     """Largest rate in [rate_min, rate_max] where `holds_at` is true, assuming it fails above some rate.

@@ -12,8 +12,8 @@ import pandas as pd
 
 from servingplan import hardware, money
 from servingplan.costmodel import CostModel
-from servingplan.capacity import (Criterion, busy_floor, capacity_searches, search_rate, speed_band_models,
-                                  ttft_floor_s)
+from servingplan.capacity import (Criterion, busy_floor, capacity_searches, int_bisect, search_rate,
+                                  speed_band_models, ttft_floor_s)
 from servingplan.config import HERE
 from servingplan.memory import GB, kv_blocks, memory_plan
 from servingplan.metrics import SLO, summarize
@@ -118,15 +118,17 @@ def _targets_hold(run, rates, slo, verdict_only: bool = False) -> tuple[bool, di
     """Both latency targets at once: the TTFT percentile SLO at today's rate and at the capacity
     target rate, judged on the mean over seeds of the per-seed percentile; any unstable seed fails.
     With `verdict_only` the higher rate goes first and the first failure ends it (the detail is then
-    partial); `run(rate, verdict_only)` may then stop at its first unstable seed."""
+    partial); `run(rate, verdict_only)` returns (summaries, settled_failing) and may then stop before its
+    last seed once the targets are settled failing (an unstable seed, or a mean bound above the target)."""
     detail = {}
     pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
     for label, rate in (sorted(rates.items(), key=lambda item: -item[1]) if verdict_only else rates.items()):
-        summaries = pd.DataFrame(run(rate, verdict_only), columns=["stable", pct])
+        runs, settled_failing = run(rate, verdict_only)
+        summaries = pd.DataFrame(runs, columns=["stable", pct])
         cell = over_seeds(summaries.assign(rate=rate), ["rate"]).iloc[0]
         mean = None if pd.isna(cell[pct]) else float(cell[pct])
         detail[label] = {"rate": rate, "stable": bool(cell["stable"]) and mean is not None, "ttft_ms_mean": mean}
-        if verdict_only and not (detail[label]["stable"] and mean <= slo["ttft_ms"]):
+        if verdict_only and (settled_failing or not (detail[label]["stable"] and mean <= slo["ttft_ms"])):
             return False, detail
     ok = all(d["stable"] and d["ttft_ms_mean"] <= slo["ttft_ms"] for d in detail.values())
     return ok, detail
@@ -137,6 +139,8 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     """Smallest fleet per router that meets both latency targets, and the single-machine speed-up
     that would do the same (with `speedup_band`, also at the slowest and fastest measured speed).
     Runs stop once settled unstable (the verdict and its detail read no latency of an unstable run);
+    a speed-up's seeds stop once the mean over seeds of the TTFT percentile is bound to exceed the target
+    (the seeds not run yet counted at their prefill floor's percentile, which their TTFT's cannot be below);
     one replica's runs are shared by every router and the speed-up search; each search starts from
     the analytic bounds: a speed-up below the one that brings the prefill floor's percentile to the
     target fails, and with one slot per replica, so do fewer replicas, or a smaller speed-up, than
@@ -147,21 +151,29 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     target_slo = ttft_slo(slo)
     runs = {}
 
+    pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
+
     def fleet_run(replicas, router, model):
         def run(rate, verdict_only=False):
             key = (replicas, router if replicas > 1 else None, model, rate)
             if key in runs:
-                return runs[key]
+                return runs[key], False
+            # the least each seed's TTFT percentile can be (rounding aside): its prefill floor's
+            floors = ([np.percentile(ttft_floor_s(t, model, policy) * 1e3, slo["ttft_percentile"]) * (1.0 - 1e-9)
+                       for t in draws] if verdict_only else [])
             summaries = []
-            for t in draws:
+            for index, t in enumerate(draws):
                 summaries.append(summarize(simulate_fleet(
                     t.with_rate(rate), model, policy, cap, sweep["chunk_size"], blocks, memory["block_size"],
                     sweep["horizon_factor"], replicas, router, chunk_budget=policies.chunk_budget(sweep),
                     stop_when_unstable=True), target_slo))
                 if verdict_only and not summaries[-1]["stable"]:
-                    return summaries          # settled: an unstable seed fails the targets
+                    return summaries, True    # settled: an unstable seed fails the targets
+                if verdict_only and index + 1 < len(draws) and (
+                        sum(s[pct] for s in summaries) + sum(floors[index + 1:])) / len(draws) > slo["ttft_ms"]:
+                    return summaries, True    # settled: the mean over seeds exceeds the target
             runs[key] = summaries
-            return summaries
+            return summaries, False
         return run
 
     def floor_load(model) -> float:
@@ -254,13 +266,7 @@ def smallest_fleet(holds, max_replicas: int, fewest: int = 1, largest_first: boo
         if r == max_replicas:
             return infeasible()
         failed, r = r, min(2 * r, max_replicas)
-    lo, hi = failed, r
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if check(mid):
-            hi = mid
-        else:
-            lo = mid
+    _, hi = int_bisect(lambda replicas: not check(replicas), failed, r)
     return {"replicas": hi, "feasible": True, "detail": tried[hi][1], "tried": sorted(tried)}
 
 

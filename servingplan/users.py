@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from servingplan.capacity import Criterion
+from servingplan.capacity import Criterion, int_bisect
 from servingplan.metrics import summarize
 from servingplan.sim.closed_loop import simulate_closed_loop
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
@@ -41,13 +41,7 @@ def bisect_users(holds_at, users_max: int) -> dict:
         return {"lower": 0, "upper": 1, "evaluations": evaluations, "censored": "below_min"}
     if check(users_max):
         return {"lower": users_max, "upper": None, "evaluations": evaluations, "censored": "above_max"}
-    lo, hi = 1, users_max
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if check(mid):
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = int_bisect(check, 1, users_max)
     return {"lower": lo, "upper": hi, "evaluations": evaluations, "censored": ""}
 
 

@@ -20,6 +20,8 @@ def join_shortest_queue():
 
 
 ROUTERS = {"round_robin": round_robin, "join_shortest_queue": join_shortest_queue}
+# routers whose choice reads the replicas' state at the arrival instant (the others' replicas run alone)
+READS_STATE = {"join_shortest_queue"}
 
 
 def simulate_fleet(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
@@ -34,4 +36,4 @@ def simulate_fleet(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int
     fleet = [Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline, None, chunk_budget)
              for _ in range(replicas)]
     return run_replicas(trace, fleet, ROUTERS[router](), horizon_factor, policy, max_num_seqs, chunk_size,
-                        stop_when_unstable)
+                        stop_when_unstable, route_reads_state=router in READS_STATE)

@@ -273,7 +273,9 @@ class Scheduler:
         def extra_blocks(k):
             return sum(self.kv.blocks_for(s.decode_context + k - 1) - s.blocks for s in step.decodes)
 
-        lo, hi = 1, limit
+        if extra_blocks(limit) <= free:     # the usual case, a cache with room: one sum, not a bisection
+            return limit
+        lo, hi = 1, limit - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if extra_blocks(mid) <= free:

@@ -157,10 +157,18 @@ class Replica:
         """Run steps while the clock is before `until` (a step that starts before it runs to its
         end); an idle engine waits until then. Stops early past `horizon`, or past `settled_by` with its
         last request unfinished."""
+        sched = self.sched
         while self.t < until and self.t <= horizon:
             if self.t >= settled_by and math.isnan(self.timeline.done[self.last[0]]):
                 return
-            if not self._step(until):
+            if sched.waiting or sched.running:
+                stepped = self._step(until)
+            else:
+                # what _step does with nothing to serve (an empty plan, one event, no step), without
+                # planning it: most replicas of a large fleet are idle at most arrivals
+                self.events += 1
+                stepped = False
+            if not stepped:
                 if math.isinf(until):
                     return
                 self.slack += until - self.t
@@ -246,12 +254,16 @@ class Replica:
 
 
 def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: float, policy: str,
-                 max_num_seqs: int, chunk_size: int, stop_when_unstable: bool = False) -> SimResult:
+                 max_num_seqs: int, chunk_size: int, stop_when_unstable: bool = False,
+                 route_reads_state: bool = True) -> SimResult:
     """Feed the trace's arrivals to the replicas through `route(replicas, seq) -> index`, then drain.
     The run stops at `horizon_factor` trace-durations (at least 60 s past the last arrival); work
     left then marks it truncated, i.e. the queue was unstable. With `stop_when_unstable` it also stops,
     truncated, as soon as a replica's backlog growth settles the run unstable (for searches that read only
-    verdicts: such a run's latencies are not the full run's)."""
+    verdicts: such a run's latencies are not the full run's). A route that reads no replica's state
+    (`route_reads_state` False: round robin) fixes every request's replica up front, so each replica
+    serves its own arrivals alone, as its own simulation would (no other replica's arrival interrupts its
+    fast-forwarded decode runs)."""
     n = len(trace)
     timeline = replicas[0].timeline
     seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
@@ -259,14 +271,26 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
     horizon = max(horizon_factor * trace.duration_s, trace.duration_s + 60.0)
     rejected = np.zeros(n, dtype=bool)
     arrived = 0
-    for i, arrival in enumerate(arrivals.tolist()):
-        if arrival > horizon:
-            break
-        for replica in replicas:
-            replica.advance(arrival, horizon)
-        target = replicas[route(replicas, seqs[i])]
-        rejected[i] = not target.add(seqs[i], arrival)
-        arrived += 1
+    if route_reads_state:
+        for i, arrival in enumerate(arrivals.tolist()):
+            if arrival > horizon:
+                break
+            for replica in replicas:
+                replica.advance(arrival, horizon)
+            target = replicas[route(replicas, seqs[i])]
+            rejected[i] = not target.add(seqs[i], arrival)
+            arrived += 1
+    else:
+        own = [[] for _ in replicas]
+        for i, arrival in enumerate(arrivals.tolist()):
+            if arrival > horizon:
+                break
+            own[route(replicas, seqs[i])].append((i, arrival))
+            arrived += 1
+        for replica, requests in zip(replicas, own):
+            for i, arrival in requests:
+                replica.advance(arrival, horizon)
+                rejected[i] = not replica.add(seqs[i], arrival)
     resolution = LOAD_RESOLUTION * trace.duration_s
     for replica in replicas:
         settled_by = (replica.last[1] + replica.last[2] - resolution
