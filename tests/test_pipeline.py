@@ -82,7 +82,7 @@ def test_full_run_writes_the_report_and_every_stage_output(pipeline):
 def test_the_report_gives_each_hardware_target_its_verdicts_as_a_roofline_estimate(pipeline):
     config = yaml.safe_load((pipeline / QUICK).read_text())
     verdicts = json.loads((pipeline / "results/plan/hardware_verdicts.json").read_text())["targets"]
-    assert [t["name"] for t in verdicts] == [t["name"] for t in config["hardware"]] and len(verdicts) == 2
+    assert [t["name"] for t in verdicts] == [t["name"] for t in config["hardware"]] and verdicts
     html = (pipeline / "results/report/report.html").read_text()
     md = (pipeline / "results/report/report.md").read_text()
     for target in verdicts:
@@ -295,11 +295,14 @@ def write_trace(path: Path, layout: str, rows: int = 150) -> int:
 
 def trace_run(pipeline: Path, tmp_path: Path, layout: str, name: str, **settings) -> tuple[Path, int]:
     """A copy of the quick run (the trace changes the workload, not the profile, which is kept) with a
-    trace file of `layout` as its workload: (its directory, the requests the file holds)."""
+    trace file of `layout` as its workload: (its directory, the requests the file holds). This machine
+    alone: how a trace is read and reported does not depend on the machine, and the shared run covers
+    the targets."""
     workdir = Path(shutil.copytree(pipeline, tmp_path / "run", symlinks=True))
     requests = write_trace(workdir / name, layout)
     config = yaml.safe_load((workdir / QUICK).read_text())
     config["workload"]["trace"] = {"path": name, "layout": layout, **settings}
+    config["hardware"] = []
     (workdir / "config" / "trace.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     assert "profile" not in planned_rules(workdir, configfile="config/trace.yaml")
     return workdir, requests
