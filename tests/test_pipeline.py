@@ -23,8 +23,9 @@ HERE = "results/machines/here"  # this machine's simulations and plan
 
 
 def snakemake(workdir: Path, *args, configfile=QUICK, check=True):
+    # the timeout only stops a hung run: on a shared, busy machine the quick run took over 15 minutes
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", configfile],
-                          cwd=workdir, capture_output=True, text=True, timeout=900)
+                          cwd=workdir, capture_output=True, text=True, timeout=1800)
     if check and proc.returncode != 0:
         pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
@@ -82,7 +83,7 @@ def test_full_run_writes_the_report_and_every_stage_output(pipeline):
 def test_the_report_gives_each_hardware_target_its_verdicts_as_a_roofline_estimate(pipeline):
     config = yaml.safe_load((pipeline / QUICK).read_text())
     verdicts = json.loads((pipeline / "results/plan/hardware_verdicts.json").read_text())["targets"]
-    assert [t["name"] for t in verdicts] == [t["name"] for t in config["hardware"]] and len(verdicts) == 2
+    assert [t["name"] for t in verdicts] == [t["name"] for t in config["hardware"]] and verdicts
     html = (pipeline / "results/report/report.html").read_text()
     md = (pipeline / "results/report/report.md").read_text()
     for target in verdicts:
@@ -295,11 +296,14 @@ def write_trace(path: Path, layout: str, rows: int = 150) -> int:
 
 def trace_run(pipeline: Path, tmp_path: Path, layout: str, name: str, **settings) -> tuple[Path, int]:
     """A copy of the quick run (the trace changes the workload, not the profile, which is kept) with a
-    trace file of `layout` as its workload: (its directory, the requests the file holds)."""
+    trace file of `layout` as its workload: (its directory, the requests the file holds). This machine
+    alone: how a trace is read and reported does not depend on the machine, and the shared run covers
+    the targets."""
     workdir = Path(shutil.copytree(pipeline, tmp_path / "run", symlinks=True))
     requests = write_trace(workdir / name, layout)
     config = yaml.safe_load((workdir / QUICK).read_text())
     config["workload"]["trace"] = {"path": name, "layout": layout, **settings}
+    config["hardware"] = []
     (workdir / "config" / "trace.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     assert "profile" not in planned_rules(workdir, configfile="config/trace.yaml")
     return workdir, requests

@@ -5,9 +5,12 @@ this machine) and snakemake-executor-plugin-slurm (requirements-cluster.txt); sk
 otherwise. The quick pipeline the session already ran locally (conftest.py `quick_pipeline`,
 shared with the pipeline tests) is the local run; the repository's working tree is copied
 into a temp dir and the quick pipeline runs there through profiles/slurm, after the local
-run's hardware-profile outputs were copied in (profiling is a local rule and its timings
-differ run to run, so only the downstream jobs run, as SLURM jobs). Then every
-deterministic CSV/JSON file under results/ must be byte-identical.
+run's measurements were copied in: the hardware profile, the cost model fitted to it, the
+real-time validation replay and the serving-memory probes. Those measure this machine (local
+rules whose timings and memory differ run to run, and which would take the submit host's
+cores from the SLURM jobs for minutes), so only the simulation, planning and reporting jobs
+run, as SLURM jobs. Then every deterministic CSV/JSON file under results/ must be
+byte-identical.
 
 Run it alone with:  .venv/bin/python -m pytest -m slurm tests/test_slurm.py -v -s
 """
@@ -37,10 +40,13 @@ TARGETS: list[str] = []  # empty: the Snakefile's default rule (`all`)
 SLURM_PROFILE = "profiles/slurm"  # workflow profile of the SLURM run, relative to the root
 SLURM_TIMEOUT_S = 2400
 
-# Outputs of the local profiling rule(s), relative to the run directory (glob patterns):
-# copied from the local run into the SLURM run before it starts, so both runs fit the
-# same measurements and SLURM runs only what comes after.
-PROFILE_OUTPUTS = ("results/profile/**/*",)
+# Outputs of the measuring rules, relative to the run directory (glob patterns): copied from
+# the local run into the SLURM run before it starts (with their times, newer than the code),
+# so both runs plan from the same measurements and SLURM runs only what comes after. The fit
+# comes along because the replay reads its cost model: a cost model remade in the SLURM run
+# would be newer than the copied replay and re-serve it.
+MEASURED_OUTPUTS = ("results/profile/**/*", "results/fit/*", "results/validation/replay.json",
+                    "results/validation/memory/*.json", "results/validation/serving_memory.json")
 
 # The sweep: one job per (policy, cap) cell of the quick config, each must be a SLURM job.
 SWEEP_RULE = "sweep_cell"
@@ -137,9 +143,9 @@ def _snakemake(run_dir: Path, args: list[str], timeout: int) -> float:
     return wall
 
 
-def _profile_files(run_dir: Path) -> list[Path]:
+def _measured_files(run_dir: Path) -> list[Path]:
     found: set[Path] = set()
-    for pattern in PROFILE_OUTPUTS:
+    for pattern in MEASURED_OUTPUTS:
         found.update(p for p in run_dir.glob(pattern) if p.is_file())
     return sorted(p.relative_to(run_dir) for p in found)
 
@@ -186,10 +192,11 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, quick_pipelin
     slurm_dir.mkdir()
     copy_repository(slurm_dir)  # the pipeline tests' copy of the working tree, as for the local run
 
-    # 2. through SLURM, reusing the local hardware profile
-    profile_files = _profile_files(local_dir)
-    assert profile_files, f"the local run wrote nothing matching {PROFILE_OUTPUTS}"
-    for rel in profile_files:
+    # 2. through SLURM, reusing the local run's measurements
+    measured_files = _measured_files(local_dir)
+    for pattern in MEASURED_OUTPUTS:
+        assert any(p.is_file() for p in local_dir.glob(pattern)), f"the local run wrote nothing matching {pattern}"
+    for rel in measured_files:
         (slurm_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(local_dir / rel, slurm_dir / rel)  # keeps the mtimes: newer than the sources
     slurm_wall = _snakemake(
@@ -221,12 +228,12 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, quick_pipelin
     missing_logs = [str(p) for _, p in jobs.values() if not p.is_file()]
     assert not missing_logs, f"SLURM job logs missing (slurm-keep-successful-logs?): {missing_logs}"
 
-    # 4. the profile was reused, not re-measured
+    # 4. the measurements were reused, not re-measured
     changed = [
-        str(rel) for rel in profile_files
+        str(rel) for rel in measured_files
         if (slurm_dir / rel).read_bytes() != (local_dir / rel).read_bytes()
     ]
-    assert not changed, f"the SLURM run re-made the copied profile outputs: {changed}"
+    assert not changed, f"the SLURM run re-made the copied measurements: {changed}"
 
     # 5. same deterministic results
     local_files, slurm_files = _compared_files(local_dir), _compared_files(slurm_dir)
