@@ -10,9 +10,11 @@ from servingplan.metrics import per_request
 from servingplan.profiling.measure import GridPoint
 from servingplan.serving import Engine
 from servingplan.serving.replay import bootstrap_interval
-from servingplan.validation import (ShapeRetimer, SpeedProbe, agreement, corrected_cost, corrected_times, corrections,
-                                    expected_max, findings, headline, path_check, result_from_json, result_to_json,
-                                    service_rate_rps, steps_by_batch, validation_traces)
+from servingplan.replay_file import result_from_json, result_to_json
+from servingplan.validation import (agreement, corrected_cost, corrected_times, corrections, findings, headline,
+                                    steps_by_batch)
+from servingplan.validation_replay import (Budget, PathCheck, ShapeRetimer, SpeedProbe, expected_max, service_rate_rps,
+                                           validation_traces)
 from servingplan.workload import Trace
 
 
@@ -37,12 +39,27 @@ def test_speed_probe_compares_the_references_with_the_profile_median(model):
 
 
 def test_path_check_times_engine_steps_and_profile_points_of_each_shape(model):
-    checked = path_check(model, profile_meta(), seed=0, shapes=((1, 16), (3, 16)), steps=4, rounds=2)
+    meta = profile_meta()
+    checker = PathCheck(model, meta, tiny_points(meta["settings"]), seed=0, shapes=((1, 16), (3, 16)), steps=4,
+                        rounds=2)
+    # rounds are taken round by round, each shape once per round
+    assert checker.pending == [(1, 16), (3, 16), (1, 16), (3, 16)]
+    assert checker.expected_s() > 0
+    checker.run_units(1e-9)
+    assert len(checker.pending) == 4 and checker.result()["shapes"] == []
+    checker.run_units(600.0)
+    checked = checker.result()
     assert [(row["batch"], row["context"]) for row in checked["shapes"]] == [(1, 16), (3, 16)]
     for row in checked["shapes"]:
         assert len(row["engine_rounds_s"]) == len(row["profile_rounds_s"]) == 2
         assert row["engine_over_profile"] == pytest.approx(row["engine_step_s"] / row["profile_point_s"])
-    assert checked["median_ratio"] > 0
+    assert checked["median_ratio"] > 0 and checked["units_left_out"] == 0
+
+
+def test_a_budget_counts_down_from_its_start():
+    budget = Budget(100.0)
+    assert 99.0 < budget.remaining() <= 100.0 and 0.0 <= budget.used() < 1.0
+    assert Budget(0.0).remaining() <= 0
 
 
 def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_requests():
@@ -215,14 +232,18 @@ def test_the_retimer_matches_served_shapes_and_uses_only_gaps_it_fits_in(model):
     nearest_length = min(lengths, key=lambda n: abs(np.log(n / 30)))
     # batch 3 is beyond the cap's profiled points, and a chunk after cached entries has no fresh-prompt point
     assert matched == {GridPoint("decode", 2, 1, nearest_context): 1, GridPoint("prefill", 1, nearest_length, 0): 1}
-    use_gap = retimer.while_idle("trace 1")
-    use_gap(1e-6, served)
+    retimer.retime_within(retimer.unmatched(served, "trace 1"), "trace 1", 1e-6)
     assert retimer.rows == []
-    use_gap(60.0, served)
+    retimer.retime_within(retimer.unmatched(served, "trace 1"), "trace 1", 60.0)
     assert {(row["kind"], row["batch"]) for row in retimer.rows} == {("decode", 2), ("prefill", 1)}
     for row in retimer.rows:
         assert row["label"] == "trace 1" and row["ratio"] == pytest.approx(row["seconds"] / 0.001)
-    retimer.catch_up(served, "trace 2")
+    assert retimer.unmatched(served, "trace 1") == [] and retimer.uncovered_kinds(served, "trace 1") == []
+    # a point re-timed once in this trace comes after the ones never re-timed
+    assert len(retimer.least_timed(served, "trace 1")) == 2
+    # after a trace: one point per kind of step without a reading in it
+    assert retimer.uncovered_kinds(served, "trace 2") == sorted(matched, key=lambda p: (p.kind, p.batch))
+    retimer.retime_within(retimer.uncovered_kinds(served, "trace 2"), "trace 2", 60.0)
     assert sum(row["label"] == "trace 2" for row in retimer.rows) == 2
 
 
@@ -240,7 +261,8 @@ def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, caps
     is cut, and said so), the second is skipped (and said so); the comparison still writes every figure
     it has, and none it has not."""
     import json
-    from servingplan.validation import run_comparison, run_replay
+    from servingplan.validation import run_comparison
+    from servingplan.validation_replay import run_replay
     meta = {**profile_meta(), "memory": {"param_bytes": 10**6, "kv_bytes_per_token": 1000.0}}
     workload = {"num_requests": 20, "rate": 1.0, "prompt": {"dist": "uniform", "min": 8, "max": 32},
                 "output": {"dist": "uniform", "min": 2, "max": 6}}
