@@ -164,6 +164,7 @@ def run_comparison(replayed: dict, cost, machine: dict, workload: dict, validati
             "retimed": replayed["retimed"],
             "corrections": applied_all,
             "path_check": replayed["path_check"],
+            "replay_stage_s": replayed["stage_s"], "replay_arrival_s": replayed["expected_arrival_s"],
             "serving_memory": replayed["serving_memory"],
             "steps_by_batch": by_batch.to_dict("records"),
             "headline": top,

@@ -28,6 +28,7 @@ servingplan.serving.memory_probe; the peak recorded here is the replay process's
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -149,7 +150,7 @@ class PathCheck:
         prefill = points[points["kind"] == "prefill"]
         decode = points[points["kind"] == "decode"]
         if prefill.empty or decode.empty:
-            return 0.0
+            return math.inf   # nothing to plan by: no unit is ever expected to fit, so none runs
 
         def closest(frame, column, value, **equal):
             for key, wanted in equal.items():
@@ -185,7 +186,7 @@ class PathCheck:
         with torch.inference_mode():
             timed = time_call(call, self.settings["warmup"], self.settings["repeats"], 0.0)
         self.profile_times[shape].append(float(np.median([s for _, s, _ in timed])))
-        if self.estimate[shape] > 0:
+        if 0 < self.estimate[shape] < math.inf:
             self.slowest = max(self.slowest, (time.perf_counter() - started) / self.estimate[shape])
 
     def run_units(self, seconds: float, margin: float = 1.0) -> None:

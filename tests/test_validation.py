@@ -54,6 +54,10 @@ def test_path_check_times_engine_steps_and_profile_points_of_each_shape(model):
         assert len(row["engine_rounds_s"]) == len(row["profile_rounds_s"]) == 2
         assert row["engine_over_profile"] == pytest.approx(row["engine_step_s"] / row["profile_point_s"])
     assert checked["median_ratio"] > 0 and checked["units_left_out"] == 0
+    # without profiled times to plan by, no unit is expected to fit anywhere, so none runs
+    blind = PathCheck(model, meta, tiny_points(meta["settings"]).iloc[:0], seed=0, shapes=((1, 16),), rounds=1)
+    blind.run_units(600.0)
+    assert blind.pending == [(1, 16)] and blind.result()["shapes"] == [] and blind.result()["median_ratio"] is None
 
 
 def test_a_budget_counts_down_from_its_start():
@@ -276,7 +280,12 @@ def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, caps
     assert replayed["traces"][0]["result"]["truncated"]
     said = capsys.readouterr().err
     assert "trace 1 truncated" in said and "trace 2 of 2 (2 x the service rate) skipped" in said
+    # every part of the stage is accounted for, and the arrivals' span is said before serving
+    assert set(replayed["stage_s"]) == {"setup_s", "probes_s", "traces_s", "catch_up_s", "path_check_after_s",
+                                        "total_s"}
+    assert len(replayed["expected_arrival_s"]) == 2 and "the traces' arrivals span" in said
     out = run_comparison(replayed, LINE, meta, workload, validation, sweep, memory, seed=0)
+    assert out["meta"]["replay_stage_s"] == replayed["stage_s"]
     assert out["meta"]["findings"]["skipped_traces"] == [2.0]
     assert out["meta"]["findings"]["truncated_traces"] == [0.02]
     assert [t["skipped"] for t in out["meta"]["traces"]] == [False, True]
