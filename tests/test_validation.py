@@ -1,4 +1,6 @@
 """The validation stage's measurements: the speed probe, the path check, agreement and step tables."""
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -289,3 +291,40 @@ def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, caps
     assert out["meta"]["findings"]["skipped_traces"] == [2.0]
     assert out["meta"]["findings"]["truncated_traces"] == [0.02]
     assert [t["skipped"] for t in out["meta"]["traces"]] == [False, True]
+
+
+def imported_package_files(module: str) -> set[str]:
+    """The servingplan source files a fresh interpreter loads to import `module`."""
+    import subprocess
+    import sys
+    code = (f"import sys, {module}; print('\\n'.join(m.__file__ for n, m in sys.modules.items() "
+            f"if n.startswith('servingplan') and getattr(m, '__file__', None)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    root = Path(__file__).resolve().parents[1]
+    return {str(Path(line).resolve().relative_to(root / "servingplan")) for line in out.split()}
+
+
+def rule_sources(*names: str) -> set[str]:
+    """The servingplan paths rules/validate.smk names in the given top-level lists or rules' blocks."""
+    import re
+    text = (Path(__file__).resolve().parents[1] / "rules" / "validate.smk").read_text()
+    found = set()
+    for name in names:
+        start = text.index(name)
+        end = text.find("\n\n", start)
+        found |= set(re.findall(r'"([\w/]+\.py)"', text[start:end]))
+    return found
+
+
+def test_the_replay_job_lists_what_it_imports_and_nothing_of_the_comparison():
+    replay = imported_package_files("servingplan.validation_replay")
+    # the comparison's modules stay out of the replay process
+    assert not replay & {"validation.py", "capacity.py", "metrics.py", "serving/replay.py"}
+    listed = rule_sources("REPLAY_SOURCES =", "rule validate_replay:")
+    # every module the replay loads is an input of its rule, but the simulator's SimResult (left out on purpose)
+    assert replay - {"__init__.py", "sim/__init__.py", "sim/simulator.py"} <= listed
+    probe = imported_package_files("servingplan.serving.memory_probe, servingplan.profiling.model, "
+                                   "servingplan.profiling.machine, servingplan.pipeline, servingplan.io")
+    assert "serving/engine.py" not in probe
+    assert probe - {"__init__.py", "sim/__init__.py", "sim/simulator.py"} <= rule_sources("REPLAY_SOURCES =",
+                                                                                          "rule serving_memory_cell:")
