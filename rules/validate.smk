@@ -8,6 +8,14 @@
 #   resident memory; serving_memory gathers the cells for the planner's memory verdict.
 localrules: validate_replay, serving_memory_cell, serving_memory
 
+# what both the replay and a memory probe import: the engine, its KV pool and scheduler, the model loader
+REPLAY_SOURCES = sources("serving/__init__.py", "serving/engine.py", "serving/kvpool.py", "workload.py",
+                         "sim/scheduler.py", "sim/policies.py", "sim/steps.py", "profiling/__init__.py",
+                         "profiling/model.py", "profiling/machine.py", "architecture.py", "io.py", "pipeline.py",
+                         "config.py", "costmodel.py", "memory.py", "device.py")
+# ... and the simulator's SimResult, the timeline class the engine fills (sim/__init__.py, sim/simulator.py):
+# left out on purpose, so that editing the simulator reruns the comparison only (issue 20, item 3)
+
 # the validation config the replay reads; the comparison reads goal_pct too
 VALIDATION_SWEEP = {k: config["sweep"][k] for k in ("chunk_size", "chunk_budget") if k in config["sweep"]}
 
@@ -21,9 +29,9 @@ rule validate_replay:
         machine=rules.profile.output.machine,
         points=rules.profile.output.points,
         trace=TRACE_FILE,
-        code=sources("serving/*.py", "profiling/*.py", "validation.py", "memory.py", "sim/scheduler.py",
-                     "sim/policies.py", "sim/steps.py", "costmodel.py", "workload.py", "io.py", "pipeline.py",
-                     "device.py"),
+        # what the replay imports (servingplan.validation_replay), not the comparison's modules
+        code=REPLAY_SOURCES + sources("validation_replay.py", "replay_file.py", "profiling/measure.py",
+                                      "roofline.py"),
     output:
         replay="results/validation/replay.json",
     params:
@@ -52,7 +60,7 @@ rule validate:
         costmodel=COSTMODEL,
         machine=rules.profile.output.machine,
         trace=TRACE_FILE,
-        code=SIM_SOURCES + sources("serving/replay.py", "validation.py"),
+        code=SIM_SOURCES + sources("serving/replay.py", "validation.py", "replay_file.py", "serving/engine.py"),
     output:
         summary=report("results/validation/comparison.csv", caption="../reports/captions/validation.rst",
                        category="Validation"),
@@ -86,8 +94,7 @@ rule serving_memory_cell:
         # after the real-time replay: that must have the machine alone, and a snakemake scheduler that sees
         # these one-core jobs ready beside it fills the cores with them and starves the replay
         **({"replay": rules.validate_replay.output.replay} if PROFILED else {}),
-        code=sources("serving/*.py", "sim/scheduler.py", "sim/policies.py", "profiling/model.py",
-                     "profiling/machine.py", "io.py", "pipeline.py", "device.py"),
+        code=REPLAY_SOURCES + sources("serving/memory_probe.py"),
     output:
         "results/validation/memory/{policy}_cap{cap}.json",
     params:

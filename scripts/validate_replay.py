@@ -5,7 +5,7 @@ from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
 from servingplan.serving.kvpool import configure_allocator
-from servingplan.validation import run_replay
+from servingplan.validation_replay import run_replay
 
 
 def main(sm):

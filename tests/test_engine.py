@@ -7,7 +7,8 @@ import torch
 
 from servingplan.costmodel import EXERCISE2
 from servingplan.profiling.model import load_model
-from servingplan.serving import Engine, compare, predict_steps, replay, request_pairs
+from servingplan.serving import Engine
+from servingplan.serving.replay import compare, predict_steps, replay, request_pairs
 from servingplan.serving import kvpool
 from servingplan.serving.engine import ENGINE_STEP_COLUMNS
 from servingplan.sim import POLICIES, simulate

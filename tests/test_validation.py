@@ -1,4 +1,6 @@
 """The validation stage's measurements: the speed probe, the path check, agreement and step tables."""
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,9 +12,11 @@ from servingplan.metrics import per_request
 from servingplan.profiling.measure import GridPoint
 from servingplan.serving import Engine
 from servingplan.serving.replay import bootstrap_interval
-from servingplan.validation import (ShapeRetimer, SpeedProbe, agreement, corrected_cost, corrected_times, corrections,
-                                    expected_max, findings, headline, path_check, result_from_json, result_to_json,
-                                    service_rate_rps, steps_by_batch, validation_traces)
+from servingplan.replay_file import result_from_json, result_to_json
+from servingplan.validation import (agreement, corrected_cost, corrected_times, corrections, findings, headline,
+                                    steps_by_batch)
+from servingplan.validation_replay import (Budget, PathCheck, ShapeRetimer, SpeedProbe, expected_max, service_rate_rps,
+                                           validation_traces)
 from servingplan.workload import Trace
 
 
@@ -37,12 +41,31 @@ def test_speed_probe_compares_the_references_with_the_profile_median(model):
 
 
 def test_path_check_times_engine_steps_and_profile_points_of_each_shape(model):
-    checked = path_check(model, profile_meta(), seed=0, shapes=((1, 16), (3, 16)), steps=4, rounds=2)
+    meta = profile_meta()
+    checker = PathCheck(model, meta, tiny_points(meta["settings"]), seed=0, shapes=((1, 16), (3, 16)), steps=4,
+                        rounds=2)
+    # rounds are taken round by round, each shape once per round
+    assert checker.pending == [(1, 16), (3, 16), (1, 16), (3, 16)]
+    assert checker.expected_s() > 0
+    checker.run_units(1e-9)
+    assert len(checker.pending) == 4 and checker.result()["shapes"] == []
+    checker.run_units(600.0)
+    checked = checker.result()
     assert [(row["batch"], row["context"]) for row in checked["shapes"]] == [(1, 16), (3, 16)]
     for row in checked["shapes"]:
         assert len(row["engine_rounds_s"]) == len(row["profile_rounds_s"]) == 2
         assert row["engine_over_profile"] == pytest.approx(row["engine_step_s"] / row["profile_point_s"])
-    assert checked["median_ratio"] > 0
+    assert checked["median_ratio"] > 0 and checked["units_left_out"] == 0
+    # without profiled times to plan by, no unit is expected to fit anywhere, so none runs
+    blind = PathCheck(model, meta, tiny_points(meta["settings"]).iloc[:0], seed=0, shapes=((1, 16),), rounds=1)
+    blind.run_units(600.0)
+    assert blind.pending == [(1, 16)] and blind.result()["shapes"] == [] and blind.result()["median_ratio"] is None
+
+
+def test_a_budget_counts_down_from_its_start():
+    budget = Budget(100.0)
+    assert 99.0 < budget.remaining() <= 100.0 and 0.0 <= budget.used() < 1.0
+    assert Budget(0.0).remaining() <= 0
 
 
 def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_requests():
@@ -215,14 +238,18 @@ def test_the_retimer_matches_served_shapes_and_uses_only_gaps_it_fits_in(model):
     nearest_length = min(lengths, key=lambda n: abs(np.log(n / 30)))
     # batch 3 is beyond the cap's profiled points, and a chunk after cached entries has no fresh-prompt point
     assert matched == {GridPoint("decode", 2, 1, nearest_context): 1, GridPoint("prefill", 1, nearest_length, 0): 1}
-    use_gap = retimer.while_idle("trace 1")
-    use_gap(1e-6, served)
+    retimer.retime_within(retimer.unmatched(served, "trace 1"), "trace 1", 1e-6)
     assert retimer.rows == []
-    use_gap(60.0, served)
+    retimer.retime_within(retimer.unmatched(served, "trace 1"), "trace 1", 60.0)
     assert {(row["kind"], row["batch"]) for row in retimer.rows} == {("decode", 2), ("prefill", 1)}
     for row in retimer.rows:
         assert row["label"] == "trace 1" and row["ratio"] == pytest.approx(row["seconds"] / 0.001)
-    retimer.catch_up(served, "trace 2")
+    assert retimer.unmatched(served, "trace 1") == [] and retimer.uncovered_kinds(served, "trace 1") == []
+    # a point re-timed once in this trace comes after the ones never re-timed
+    assert len(retimer.least_timed(served, "trace 1")) == 2
+    # after a trace: one point per kind of step without a reading in it
+    assert retimer.uncovered_kinds(served, "trace 2") == sorted(matched, key=lambda p: (p.kind, p.batch))
+    retimer.retime_within(retimer.uncovered_kinds(served, "trace 2"), "trace 2", 60.0)
     assert sum(row["label"] == "trace 2" for row in retimer.rows) == 2
 
 
@@ -240,7 +267,8 @@ def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, caps
     is cut, and said so), the second is skipped (and said so); the comparison still writes every figure
     it has, and none it has not."""
     import json
-    from servingplan.validation import run_comparison, run_replay
+    from servingplan.validation import run_comparison
+    from servingplan.validation_replay import run_replay
     meta = {**profile_meta(), "memory": {"param_bytes": 10**6, "kv_bytes_per_token": 1000.0}}
     workload = {"num_requests": 20, "rate": 1.0, "prompt": {"dist": "uniform", "min": 8, "max": 32},
                 "output": {"dist": "uniform", "min": 2, "max": 6}}
@@ -254,7 +282,49 @@ def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, caps
     assert replayed["traces"][0]["result"]["truncated"]
     said = capsys.readouterr().err
     assert "trace 1 truncated" in said and "trace 2 of 2 (2 x the service rate) skipped" in said
+    # every part of the stage is accounted for, and the arrivals' span is said before serving
+    assert set(replayed["stage_s"]) == {"setup_s", "probes_s", "traces_s", "catch_up_s", "path_check_after_s",
+                                        "total_s"}
+    assert len(replayed["expected_arrival_s"]) == 2 and "the traces' arrivals span" in said
     out = run_comparison(replayed, LINE, meta, workload, validation, sweep, memory, seed=0)
+    assert out["meta"]["replay_stage_s"] == replayed["stage_s"]
     assert out["meta"]["findings"]["skipped_traces"] == [2.0]
     assert out["meta"]["findings"]["truncated_traces"] == [0.02]
     assert [t["skipped"] for t in out["meta"]["traces"]] == [False, True]
+
+
+def imported_package_files(module: str) -> set[str]:
+    """The servingplan source files a fresh interpreter loads to import `module`."""
+    import subprocess
+    import sys
+    code = (f"import sys, {module}; print('\\n'.join(m.__file__ for n, m in sys.modules.items() "
+            f"if n.startswith('servingplan') and getattr(m, '__file__', None)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    root = Path(__file__).resolve().parents[1]
+    return {str(Path(line).resolve().relative_to(root / "servingplan")) for line in out.split()}
+
+
+def rule_sources(*names: str) -> set[str]:
+    """The servingplan paths rules/validate.smk names in the given top-level lists or rules' blocks."""
+    import re
+    text = (Path(__file__).resolve().parents[1] / "rules" / "validate.smk").read_text()
+    found = set()
+    for name in names:
+        start = text.index(name)
+        end = text.find("\n\n", start)
+        found |= set(re.findall(r'"([\w/]+\.py)"', text[start:end]))
+    return found
+
+
+def test_the_replay_job_lists_what_it_imports_and_nothing_of_the_comparison():
+    replay = imported_package_files("servingplan.validation_replay")
+    # the comparison's modules stay out of the replay process
+    assert not replay & {"validation.py", "capacity.py", "metrics.py", "serving/replay.py"}
+    listed = rule_sources("REPLAY_SOURCES =", "rule validate_replay:")
+    # every module the replay loads is an input of its rule, but the simulator's SimResult (left out on purpose)
+    assert replay - {"__init__.py", "sim/__init__.py", "sim/simulator.py"} <= listed
+    probe = imported_package_files("servingplan.serving.memory_probe, servingplan.profiling.model, "
+                                   "servingplan.profiling.machine, servingplan.pipeline, servingplan.io")
+    assert "serving/engine.py" not in probe
+    assert probe - {"__init__.py", "sim/__init__.py", "sim/simulator.py"} <= rule_sources("REPLAY_SOURCES =",
+                                                                                          "rule serving_memory_cell:")

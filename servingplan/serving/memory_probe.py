@@ -5,10 +5,14 @@ The worst case is `cap` sequences each holding the configured max context (memor
 prompt and reply together; at most the model's n_positions). The probe runs what the engine runs for
 it, with the engine's own pieces:
 - the engine's KV pool for `cap` slots of that context, every slot filled (all its pages resident);
-- every distinct prefill call the policy's own Scheduler issues for such a prompt (a whole prompt, or
-  its chunks under chunked prefill), through the engine's prefill_step;
-- decode steps of the whole batch at the full context, through the engine's decode_step (the step that
-  copies the batch's cache, the largest transient of serving).
+- the largest of the prefill calls the policy's own Scheduler issues while `cap` such prompts are
+  admitted (a whole prompt, or its chunks under chunked prefill), through the engine's prefill_step.
+  Every buffer a prefill call allocates grows with its new tokens and with the entries it attends over
+  (cached + new), so a call no larger than another in both never needs more memory than it: only the
+  calls no other call exceeds in both are run (largest_calls), two or three instead of dozens at a
+  large cap under chunked prefill;
+- a decode step of the whole batch at the full context, through the engine's decode_step (the step
+  that copies the batch's cache, the largest transient of serving).
 Filling the other slots by copying the first instead of prefilling each one costs seconds instead of
 minutes at large caps and leaves the same bytes resident; the per-call transients are those of one
 call, since the engine runs its calls one after another.
@@ -35,8 +39,8 @@ from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 
 # reply tokens of each probe sequence: the first comes from its prefill, the last is never stored
 PROBE_OUTPUT_TOKENS = 2
-# decode steps of the whole batch at the full context
-PROBE_DECODE_STEPS = 2
+# decode steps of the whole batch at the full context: every one has the same shape, so one shows the peak
+PROBE_DECODE_STEPS = 1
 
 
 def reset_peak() -> bool:
@@ -80,6 +84,16 @@ def prefill_calls(policy: str, cap: int, prompt: int, chunk_size: int, chunk_bud
     return calls
 
 
+def largest_calls(calls: list) -> list:
+    """The (tokens, cached) calls of `calls` that no other call matches or exceeds in both new tokens and
+    entries attended (cached + tokens), in their order in `calls`."""
+    unique = list(dict.fromkeys(calls))
+
+    def covered(call, other):
+        return other != call and other[0] >= call[0] and sum(other) >= sum(call)
+    return [call for call in unique if not any(covered(call, other) for other in unique)]
+
+
 @torch.inference_mode()
 def serve_worst_case(model, policy: str, cap: int, max_context: int, chunk_size: int, chunk_budget: str,
                      block_size: int) -> dict:
@@ -99,10 +113,12 @@ def serve_worst_case(model, policy: str, cap: int, max_context: int, chunk_size:
     pool = KVPool(config, cap, context - 1, device)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(config.vocab_size, (1, prompt), generator=generator)
-    for tokens, cached in prefill_calls(policy, cap, prompt, chunk_size, chunk_budget, block_size):
+    for tokens, cached in largest_calls(prefill_calls(policy, cap, prompt, chunk_size, chunk_budget, block_size)):
         prefill_step(model, pool, 0, ids[:, cached:cached + tokens].to(device), cached)
+    # every slot's pages written (the calls skipped would have written slot 0's first entries)
     for tensor in (pool.keys, pool.values):
         tensor[:, 1:].copy_(tensor[:, :1].expand_as(tensor[:, 1:]))
+        tensor[:, :1].add_(0.0)
     # the reply's decode: each sequence holds its prompt, then prompt + 1 entries, up to context - 1
     for step in range(PROBE_DECODE_STEPS):
         lengths = torch.full((cap,), min(prompt + step, context - 2), dtype=torch.long)
