@@ -674,8 +674,10 @@ def options_table(decision: dict) -> pd.DataFrame:
             verdict = v[target]
             convert = scale or (lambda x: x)
             row.update({f"{target}_verdict": "pass" if verdict["pass"] else "fail",
-                        f"{target}_{unit}": convert(verdict["value"]), f"{target}_{unit}_low": convert(verdict["low"]),
-                        f"{target}_{unit}_high": convert(verdict["high"]),
+                        f"{target}_{unit}": convert(verdict["value"]),
+                        # memory is one figure, measured or reserved: no interval
+                        **({} if target == "memory" else {f"{target}_{unit}_low": convert(verdict["low"]),
+                                                          f"{target}_{unit}_high": convert(verdict["high"])}),
                         f"{target}_{unit}_judged": convert(verdict["judged"]),
                         f"{target}_target_{unit}": convert(verdict["target"]),
                         f"{target}_basis": verdict["basis"], f"{target}_note": verdict["note"]})

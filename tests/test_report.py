@@ -697,7 +697,7 @@ def test_first_screen_opens_with_the_pick_and_one_line_per_machine(decided):
                     "cost fail: none: it does not keep up; misses latency, capacity and cost.")
     assert laptop.startswith("- Laptop, Ryzen 7 7840U (estimated): its closest is 3 × Laptop, Ryzen 7 7840U, "
                              "join-shortest-queue router, continuous batching, cap 8 (rank 9): latency pass: 170 ms, mean over "
-                             "seeds (no slowest seed's); capacity pass: 35.3 req/s (28.5 to 42 req/s); memory pass: 1.4 GB "
+                             "seeds (no slowest seed's); capacity pass: 11.8 req/s (9.5 to 14 req/s); memory pass: 1.4 GB "
                              "reserved; cost fail: $0.0018; misses cost.")
     assert gpu.startswith("- NVIDIA T4 GPU (estimated): meets all four targets with 1 × NVIDIA T4 GPU, continuous batching, "
                           "cap 2 (rank 1): latency pass: 240 ms (200 to 280 ms); capacity pass: 11.8 req/s (9.5 to 14 req/s)")
