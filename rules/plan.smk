@@ -141,6 +141,9 @@ rule decide:
     output:
         decision=report("results/plan/decision.json", caption="../reports/captions/recommendation.rst",
                         category="Recommendation"),
+        # every ranked option, one row each with display names (the report's table shows its head)
+        options=report("results/plan/options.csv", caption="../reports/captions/recommendation.rst",
+                       category="Recommendation"),
         # each target's verdicts and carry-over, in the layout the report's target section reads
         hardware="results/plan/hardware_verdicts.json",
     params:

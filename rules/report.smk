@@ -73,6 +73,7 @@ rule report:
         recommendation=f"results/machines/{HERE}/recommendation.json",
         fleet=expand(f"results/machines/{HERE}/fleet/cells/{{cell}}.json", cell=CELLS),
         decision=rules.decide.output.decision,
+        options=rules.decide.output.options,
         hardware=rules.decide.output.hardware,
         findings=rules.findings.output[0],
         coverage=rules.coverage.output[0],

@@ -399,7 +399,8 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
         policy, cap = cell["policy"], int(cell["max_num_seqs"])
         latency_ms = _defined(cell[pct])
         mem_row, fleet = mem_rows.loc[(policy, cap)], fleets[(policy, cap)]
-        served = _defined(cell["throughput_tok_s"])
+        # a configuration that does not keep up serves no defined share of the traffic: no dollars
+        served = _defined(cell["throughput_tok_s"]) if cell["stable"] else None
         capacity = _capacity_row(capacity_frame, "ttft_slo", policy, cap)
         keeps_up = _capacity_row(capacity_frame, "stable", policy, cap)
         measured = measured_memory.get((policy, cap))
@@ -489,14 +490,17 @@ def _judge(row: dict, slo: dict, cost_cfg: dict) -> dict:
     """The four verdicts of one configuration, each on the pessimistic end of its interval: the slowest
     seed's TTFT percentile, the low end of the capacity interval, the measured serving memory where
     there is one (else the reservation), the dearest end of the cost."""
-    worst_ms = row["latency_ms_range"][1] if row["latency_ms_range"] else row["latency_ms"]
-    row["latency_met"] = row["latency_ms"] is not None and worst_ms <= slo["ttft_ms"]
+    stable = bool(row["stable_today"])
+    worst_ms = (row["latency_ms_range"][1] if row["latency_ms_range"] else row["latency_ms"]) if stable else None
+    row["latency_judged_ms"] = worst_ms
+    row["latency_met"] = worst_ms is not None and worst_ms <= slo["ttft_ms"]
     lowest_rps = (row["capacity_interval"] or [row["capacity_rps"]])[0]
+    row["capacity_judged_rps"] = lowest_rps
     row["capacity_target_met"] = not row["capacity_never_met"] and lowest_rps >= slo["capacity_target_rate"]
     row["capacity_met"] = row["capacity_target_met"]
     judged_bytes = row["memory_measured_bytes"] if row["memory_measured_bytes"] is not None else row["memory_bytes"]
     row["memory_met"] = judged_bytes <= row["budget_bytes"]
-    row["cost_met"] = (row["cost_per_1k_interval"] is not None
+    row["cost_met"] = (stable and row["cost_per_1k_interval"] is not None
                        and row["cost_per_1k_interval"][1] <= cost_cfg["target_per_1k_tokens"])
     row["n_pass"] = sum(bool(row[f"{t}_met"]) for t in TARGETS)
     row["passes_all"] = row["n_pass"] == len(TARGETS)
@@ -505,45 +509,69 @@ def _judge(row: dict, slo: dict, cost_cfg: dict) -> dict:
 
 def _option(row: dict, slo: dict, cost_cfg: dict, demand: float, price: float, measured: bool) -> dict:
     """A judged configuration in the decision's form (contract 2 in the developers' notes, without the
-    machine's name, which `decide` adds): four verdicts with the figure each read, its interval and its
-    basis, and dollars per 1,000 tokens as an interval. A configuration that does not keep up serves no
-    defined share of the traffic, so its dollars are those of the traffic asked."""
+    machine's name, which `decide` adds): four verdicts, each with the figure it read, its interval, the
+    end of it the verdict judged (`judged`, the pessimistic one), the figure's basis and a note saying
+    what the figure is; and dollars per 1,000 tokens as an interval. A configuration that does not keep
+    up serves no defined share of the traffic: it has no latency percentile and no dollars (null), and
+    both verdicts fail."""
     basis = "simulated" if measured else "estimated"
-    if row["replicas"] > 1:
-        basis += f" ({row['replicas']} replicas)"
-    unstable = not row["stable_today"]
+    stable = bool(row["stable_today"])
+    pct = f"p{slo['ttft_percentile']:g}"
     latency_range = row["latency_ms_range"] or [None, None]
     capacity_range = row["capacity_interval"] or [None, None]
-    dollars = row["cost_per_1k_interval"] or [money.cost_per_1k_tokens(price, row["replicas"], demand)] * 2
+    dollars = (row["cost_per_1k_interval"] or [None, None]) if stable else [None, None]
+    cost_value = row["cost_per_1k"] if stable else None
     measured_bytes = row["memory_measured_bytes"]
+    # a fleet's latency is the mean over seeds of their percentiles: the fleet cell keeps no slowest seed's
+    fleet_mean = stable and row["replicas"] > 1
+    if not stable:
+        latency_note = f"unstable: the queue grows, so no {pct} TTFT exists"
+    elif row["replicas"] > 1:
+        searched = row.get("replicas_searched", row["replicas"])
+        latency_note = (f"{pct} TTFT at today's rate, the mean over seeds of {searched} replicas' simulation: the fleet "
+                        f"cell keeps no per-seed percentile, so the slowest seed's is not known")
+    else:
+        latency_note = f"{pct} TTFT at today's rate; judged on the slowest seed's"
     verdicts = {
         "latency": {"pass": row["latency_met"], "value": row["latency_ms"], "low": latency_range[0],
-                    "high": latency_range[1], "target": float(slo["ttft_ms"]), "unit": "ms",
-                    "basis": "unstable: the queue grows" if unstable else basis},
+                    "high": latency_range[1], "judged": row["latency_judged_ms"], "target": float(slo["ttft_ms"]),
+                    "pessimistic": not fleet_mean, "unit": "ms", "basis": basis, "note": latency_note},
         "capacity": {"pass": row["capacity_met"], "value": row["capacity_rps"], "low": capacity_range[0],
-                     "high": capacity_range[1], "target": float(slo["capacity_target_rate"]), "unit": "req/s",
-                     "basis": basis},
+                     "high": capacity_range[1], "judged": row["capacity_judged_rps"],
+                     "target": float(slo["capacity_target_rate"]), "pessimistic": True, "unit": "req/s", "basis": basis,
+                     "note": (f"{row['replicas']} × one machine's interval; judged on its low end" if row["replicas"] > 1
+                              else "interval over seeds" + (" and the measured speed band" if row.get(
+                                  "capacity_with_speed_band") else "") + "; judged on its low end")},
         "memory": {"pass": row["memory_met"],
                    "value": measured_bytes if measured_bytes is not None else row["memory_bytes"],
-                   "low": None, "high": None, "target": row["budget_bytes"], "unit": "bytes",
-                   "basis": "measured" if measured_bytes is not None else
-                   "reserved (weights + KV for every sequence at the longest context; no serving measurement "
-                   "at this policy and cap)"},
-        "cost": {"pass": row["cost_met"], "value": row["cost_per_1k"], "low": dollars[0], "high": dollars[1],
-                 "target": float(cost_cfg["target_per_1k_tokens"]), "unit": "$ per 1,000 tokens",
-                 "basis": "unstable: the traffic asked, not served" if unstable else basis},
+                   "low": None, "high": None,
+                   "judged": measured_bytes if measured_bytes is not None else row["memory_bytes"],
+                   "target": row["budget_bytes"], "pessimistic": True, "unit": "bytes",
+                   "basis": "measured" if measured_bytes is not None else "reserved",
+                   "note": "peak resident memory of the serving process at this policy and cap"
+                   if measured_bytes is not None else
+                   "weights + KV for every sequence at the longest context; no serving measurement at this policy and cap"},
+        "cost": {"pass": row["cost_met"], "value": cost_value, "low": dollars[0], "high": dollars[1],
+                 "judged": dollars[1], "target": float(cost_cfg["target_per_1k_tokens"]),
+                 "pessimistic": True, "unit": "$ per 1,000 tokens", "basis": basis,
+                 "note": "judged on the dear end" if stable else
+                 "unstable: the queue grows, so no share of the traffic is served at a defined cost"},
     }
     misses = [t for t in TARGETS if not verdicts[t]["pass"]]
     return {"replicas": row["replicas"], "router": row["router"], "policy": row["policy"],
-            "cap": row["max_num_seqs"], "verdicts": verdicts,
-            "usd_per_1k": {"value": row["cost_per_1k"] if row["cost_per_1k"] is not None else dollars[1],
+            "cap": row["max_num_seqs"], "stable": stable, "verdicts": verdicts,
+            "usd_per_1k": {"value": cost_value if cost_value is not None else dollars[1],
                            "low": dollars[0], "high": dollars[1]},
             "meets_all": not misses, "misses": misses}
 
 
-def _rank(option: dict):
-    """Options that meet all four targets first, then the cheapest at the dear end of its interval."""
-    return (not option["meets_all"], option["usd_per_1k"]["high"], option["replicas"], option["policy"], option["cap"])
+def _rank(option: dict) -> tuple:
+    """The decision's order: options meeting all four targets first; then every option with a defined
+    cost before any without (one that does not keep up); then the fewest targets missed; then the
+    cheapest at the dear end of its dollars; then the fewest replicas."""
+    high = option["usd_per_1k"]["high"]
+    return (not option["meets_all"], high is None, len(option["misses"]), math.inf if high is None else high,
+            option["replicas"], option.get("machine", ""), option["policy"], option["cap"], option["router"] or "")
 
 
 def _as_interval(values: list[float], value: float) -> dict:
@@ -587,24 +615,80 @@ def _routes(step_model: CostModel, draws, slo: dict, candidates: list[dict], pri
             "cheapest_mix": {"speedup": speedup, "replicas": mix[2], "usd_per_1k": dollars(mix)}}
 
 
+# the ranked options the report's first screen shows: the pick (or the closest), each machine's best, then
+# the next in the ranking up to this many rows; the rest are in results/plan/options.csv
+TABLE_HEAD_ROWS = 12
+
+
 def decide(recommendations: list[dict]) -> dict:
     """The one decision across machines from each machine's `recommend`: every option of every machine
-    ranked (meets all four targets first, then the cheapest at the dear end of its dollars), the pick
-    (the first, when it meets all), else the closest (the most targets met, then the cheapest) with what
-    it misses, one line per machine with its best option, and this machine's routes to the targets."""
+    ranked (`_rank`: meeting all four targets first, then defined costs before the undefined of a
+    configuration that does not keep up, then the fewest misses, then the cheapest at the dear end of
+    its dollars, then the fewest replicas; each option gets its `rank`, from 1), the pick (the first,
+    when it meets all four), else the closest (the first, with what it misses), one line per machine
+    with its best option (the first of that machine in the same ranking), the ranks the report's table
+    shows (`table_head`, in rank order, each with why it is shown: the pick or the closest, each machine's
+    best, then the next in the ranking up to TABLE_HEAD_ROWS; `table_more`: how many it leaves to
+    options.csv) and this machine's routes."""
     options = [{**rec["label"], **option} for rec in recommendations for option in rec["options"]]
-    ranked = sorted(options, key=lambda o: (*_rank(o)[:3], o["machine"], *_rank(o)[3:]))
-    pick = ranked[0] if ranked and ranked[0]["meets_all"] else None
-    closest = None if pick or not ranked else min(
-        ranked, key=lambda o: (len(o["misses"]), o["usd_per_1k"]["high"], o["replicas"]))
+    ranked = [{**option, "rank": n} for n, option in enumerate(sorted(options, key=_rank), start=1)]
+    first = ranked[0] if ranked else None
+    pick = first if first and first["meets_all"] else None
+    closest = first if first and not first["meets_all"] else None
     machines = []
     for rec in recommendations:
-        best = next(o for o in ranked if o["machine"] == rec["label"]["machine"])
-        machines.append({**rec["label"], "best": best, "meets_all": best["meets_all"], "misses": best["misses"]})
+        best = next((o for o in ranked if o["machine"] == rec["label"]["machine"]), None)
+        machines.append({**rec["label"], "best": best, "meets_all": bool(best and best["meets_all"]),
+                         "misses": best["misses"] if best else list(TARGETS)})
+    shown = {o["rank"] for o in (first, *(m["best"] for m in machines)) if o}
+    for option in ranked:
+        if len(shown) >= TABLE_HEAD_ROWS:
+            break
+        shown.add(option["rank"])
+    head = [{"rank": rank, "index": rank - 1, "pick": bool(pick) and rank == pick["rank"], "closest": bool(closest) and rank == closest["rank"],
+             "best_of": [m["display_name"] for m in machines if m["best"] and m["best"]["rank"] == rank]}
+            for rank in sorted(shown)]
     here = next((rec for rec in recommendations if rec["label"]["machine"] == HERE), None)
     routes = here["routes"] if here else {"prefill_speedup": None, "replicas_to_keep_up": None,
                                           "replicas_usd_per_1k": None, "cheapest_mix": None}
-    return {"pick": pick, "closest": closest, "options": ranked, "machines": machines, "routes": routes}
+    return {"pick": pick, "closest": closest, "options": ranked, "machines": machines, "routes": routes,
+            "table_head": head, "table_more": len(ranked) - len(shown)}
+
+
+def _gb(n_bytes: float | None) -> float | None:
+    return None if n_bytes is None else n_bytes / GB
+
+
+def options_table(decision: dict) -> pd.DataFrame:
+    """Every ranked option of the decision as one row of results/plan/options.csv, with display names:
+    the machine and whether its numbers are measured, the deployment, each verdict with its figure,
+    interval, judged end and basis (memory in decimal GB), and dollars per 1,000 tokens as an interval."""
+    # the report's one table of display names; imported here because the report package imports this module
+    from servingplan.report.names import display
+
+    rows = []
+    for option in decision["options"]:
+        v = option["verdicts"]
+        row = {"rank": option["rank"], "machine": option["display_name"],
+               "numbers": "measured" if option["measured"] else "estimated", "replicas": option["replicas"],
+               "router": display(option["router"]) if option["router"] else "",
+               "policy": display(option["policy"]), "cap": option["cap"],
+               "meets_all": option["meets_all"], "misses": " ".join(option["misses"]),
+               "keeps_up": option["stable"]}
+        for target, unit, scale in (("latency", "ms", None), ("capacity", "rps", None), ("memory", "gb", _gb),
+                                    ("cost", "usd_per_1k", None)):
+            verdict = v[target]
+            convert = scale or (lambda x: x)
+            row.update({f"{target}_verdict": "pass" if verdict["pass"] else "fail",
+                        f"{target}_{unit}": convert(verdict["value"]),
+                        # memory is one figure, measured or reserved: no interval
+                        **({} if target == "memory" else {f"{target}_{unit}_low": convert(verdict["low"]),
+                                                          f"{target}_{unit}_high": convert(verdict["high"])}),
+                        f"{target}_{unit}_judged": convert(verdict["judged"]),
+                        f"{target}_target_{unit}": convert(verdict["target"]),
+                        f"{target}_basis": verdict["basis"], f"{target}_note": verdict["note"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def hardware_verdicts(targets: list[tuple[dict, dict, dict]]) -> dict:

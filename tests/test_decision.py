@@ -3,6 +3,7 @@ pessimistic end of each interval, the cheapest meeting all four targets picked, 
 what it misses."""
 import copy
 
+import pandas as pd
 import pytest
 
 from servingplan import planner
@@ -13,15 +14,23 @@ BUDGET = 2e9
 
 
 def judged(capacity_interval=(9.5, 14.0), latency_range=(200.0, 280.0), cost_interval=(0.0006, 0.0008),
-           measured_bytes=None, reserved_bytes=1.4e9, replicas=1, policy="continuous", cap=8, stable=True):
-    """One configuration as recommend builds it, judged: each figure with its interval."""
-    row = {"policy": policy, "max_num_seqs": cap, "replicas": replicas, "router": None if replicas == 1 else "round_robin",
+           measured_bytes=None, reserved_bytes=1.4e9, replicas=1, policy="continuous", cap=8, stable=True,
+           latency_ms=None, router="round_robin"):
+    """One configuration as recommend builds it, judged: each figure with its interval. A fleet's latency
+    (`latency_ms` without a range) is the mean over seeds its fleet cell keeps; an unstable
+    configuration has no latency and no dollars, as recommend leaves them."""
+    if not stable:
+        latency_range, cost_interval = None, None
+    row = {"policy": policy, "max_num_seqs": cap, "replicas": replicas, "router": None if replicas == 1 else router,
            "stable_today": stable,
-           "latency_ms": None if latency_range is None else sum(latency_range) / 2,
+           "latency_ms": latency_ms if latency_range is None else sum(latency_range) / 2,
            "latency_ms_range": None if latency_range is None else list(latency_range),
            "capacity_rps": sum(capacity_interval) / 2, "capacity_interval": list(capacity_interval),
            "capacity_never_met": False, "memory_bytes": reserved_bytes, "memory_measured_bytes": measured_bytes,
-           "budget_bytes": BUDGET, "cost_per_1k": sum(cost_interval) / 2, "cost_per_1k_interval": list(cost_interval)}
+           "budget_bytes": BUDGET, "cost_per_1k": None if cost_interval is None else sum(cost_interval) / 2,
+           "cost_per_1k_interval": None if cost_interval is None else list(cost_interval)}
+    if replicas > 1:
+        row["replicas_searched"] = replicas
     return planner._judge(row, SLO, COST)
 
 
@@ -57,7 +66,8 @@ def test_memory_is_judged_on_the_measurement_when_there_is_one_else_on_the_reser
     assert measured["verdicts"]["memory"]["basis"] == "measured" and measured["misses"] == ["memory"]
     assert measured["verdicts"]["memory"]["value"] == 2.1e9
     reserved = option(reserved_bytes=1.4e9)
-    assert reserved["verdicts"]["memory"]["basis"].startswith("reserved") and reserved["meets_all"]
+    assert reserved["verdicts"]["memory"]["basis"] == "reserved" and reserved["meets_all"]
+    assert "no serving measurement" in reserved["verdicts"]["memory"]["note"]
     assert option(reserved_bytes=2.5e9)["misses"] == ["memory"]
 
 
@@ -101,3 +111,114 @@ def test_the_routes_are_this_machines():
     other = machine("gpu", option(measured=False))
     assert planner.decide([other, copy.deepcopy(here)])["routes"] == routes
     assert planner.decide([other])["routes"]["prefill_speedup"] is None
+
+
+def test_a_capacity_interval_whose_low_end_misses_fails_for_a_fleet_too_and_every_verdict_reads_its_pessimistic_end():
+    fleet = option(replicas=3, latency_range=None, latency_ms=150.0, capacity_interval=(8.1, 30.0))
+    capacity = fleet["verdicts"]["capacity"]
+    assert capacity["value"] > 9.0 and capacity["judged"] == 8.1 and not capacity["pass"]
+    single = option(latency_range=(250.0, 299.0), cost_interval=(0.0007, 0.00099))
+    assert single["meets_all"]
+    assert single["verdicts"]["latency"]["judged"] == 299.0 and single["verdicts"]["cost"]["judged"] == 0.00099
+    assert all(single["verdicts"][t]["pessimistic"] for t in planner.TARGETS)
+
+
+def test_an_unstable_configuration_has_no_cost_figure_and_ranks_after_every_option_with_one():
+    unstable = option(stable=False, capacity_interval=(0.0, 0.0))
+    assert unstable["usd_per_1k"] == {"value": None, "low": None, "high": None}
+    cost, latency = unstable["verdicts"]["cost"], unstable["verdicts"]["latency"]
+    assert (cost["pass"], cost["value"], cost["low"], cost["high"], cost["judged"]) == (False, None, None, None, None)
+    assert cost["note"].startswith("unstable") and latency["value"] is None and not latency["pass"]
+    assert unstable["stable"] is False and unstable["misses"] == ["latency", "capacity", "cost"]
+    # a stable option missing more targets, and a dear one, still rank before it
+    dear = option(cost_interval=(0.02, 0.03), capacity_interval=(1.0, 2.0), reserved_bytes=3e9,
+                  latency_range=(400.0, 500.0))
+    assert len(dear["misses"]) == 4
+    decision = planner.decide([machine("here", unstable, dear, measured=True)])
+    assert [o["stable"] for o in decision["options"]] == [True, False]
+    assert decision["closest"]["usd_per_1k"]["high"] == 0.03
+
+
+def test_the_ranking_meets_all_first_then_fewest_misses_then_the_dear_end_then_fewer_replicas():
+    options = [option(cost_interval=(0.0001, 0.0009), replicas=2, latency_range=None, latency_ms=100.0),
+               option(cost_interval=(0.0005, 0.0009)),
+               option(cost_interval=(0.0001, 0.0002), capacity_interval=(5.0, 8.0), latency_range=(400.0, 500.0)),
+               option(cost_interval=(0.0003, 0.0004), capacity_interval=(5.0, 8.0)),
+               option(cost_interval=(0.0001, 0.0002), capacity_interval=(5.0, 8.0)),
+               option(stable=False, capacity_interval=(0.0, 0.0))]
+    ranked = planner.decide([machine("gpu", *options)])["options"]
+    assert [(len(o["misses"]), o["usd_per_1k"]["high"], o["replicas"]) for o in ranked] == [
+        (0, 0.0009, 1), (0, 0.0009, 2), (1, 0.0002, 1), (1, 0.0004, 1), (2, 0.0002, 1), (3, None, 1)]
+    assert [o["rank"] for o in ranked] == [1, 2, 3, 4, 5, 6]
+
+
+def test_each_machines_best_is_its_best_option_not_its_first():
+    # recommend's own order put the unstable single machine first: decide re-ranks
+    here = {"label": {"machine": "here", "display_name": "this machine", "measured": True},
+            "options": [option(stable=False, cap=1), option(capacity_interval=(5.0, 8.0), cap=16),
+                        option(replicas=4, latency_range=None, latency_ms=120.0, cost_interval=(0.002, 0.002), cap=8)],
+            "routes": None}
+    gpu = {**machine("gpu"), "options": [option(measured=False, stable=False, cap=1),
+                                         option(measured=False, cost_interval=(0.0004, 0.0006), cap=32)]}
+    decision = planner.decide([here, gpu])
+    lines = {m["machine"]: m for m in decision["machines"]}
+    assert (lines["gpu"]["best"]["cap"], lines["gpu"]["meets_all"]) == (32, True)
+    # this machine meets all four nowhere: of its two options missing one target, the cheaper at its dear end
+    assert (lines["here"]["best"]["cap"], lines["here"]["misses"]) == (16, ["capacity"])
+    assert lines["here"]["best"]["usd_per_1k"]["high"] == 0.0008 and lines["here"]["best"]["stable"]
+    assert decision["pick"]["machine"] == "gpu" and decision["pick"]["cap"] == 32
+
+
+def test_a_fleets_latency_is_the_mean_over_seeds_of_its_percentile_and_says_so():
+    fleet = option(replicas=3, latency_range=None, latency_ms=180.0)
+    latency = fleet["verdicts"]["latency"]
+    assert latency["value"] == latency["judged"] == 180.0 and latency["pass"]
+    assert latency["pessimistic"] is False and (latency["low"], latency["high"]) == (None, None)
+    assert "p90 TTFT" in latency["note"] and "mean over seeds" in latency["note"] and "slowest seed's is not known" in latency["note"]
+    single = option()["verdicts"]["latency"]
+    assert single["pessimistic"] is True and "slowest seed" in single["note"]
+
+
+def decision_with_many_options():
+    here = machine("here", *(option(stable=False, cap=cap, policy=policy, capacity_interval=(0.0, 0.0))
+                             for cap in (1, 2, 4, 8) for policy in ("continuous", "static")), measured=True)
+    laptop = machine("laptop", *(option(measured=False, replicas=r, latency_range=None, latency_ms=170.0,
+                                        cost_interval=(0.0006 * r, 0.0006 * r), cap=8) for r in (3, 5, 9)))
+    gpu = machine("gpu", *(option(measured=False, cost_interval=(0.0001 * k, 0.0002 * k), cap=2 ** k)
+                           for k in range(1, 9)))
+    return planner.decide([here, laptop, gpu])
+
+
+def test_the_table_head_holds_the_pick_each_machines_best_then_the_next_ranked():
+    decision = decision_with_many_options()
+    head = decision["table_head"]
+    assert len(decision["options"]) == 19 and len(head) == planner.TABLE_HEAD_ROWS
+    assert decision["table_more"] == 19 - planner.TABLE_HEAD_ROWS
+    ranks = [h["rank"] for h in head]
+    assert ranks == sorted(ranks) and all(decision["options"][h["index"]]["rank"] == h["rank"] for h in head)
+    assert head[0]["pick"] and head[0]["best_of"] == ["GPU"]
+    for line in decision["machines"]:
+        assert line["best"]["rank"] in ranks
+        assert next(h for h in head if h["rank"] == line["best"]["rank"])["best_of"] == [line["display_name"]]
+    # this machine's best is unstable, ranked after the 11 options with a cost, yet shown
+    assert decision["machines"][0]["best"]["rank"] == 12 and decision["machines"][0]["best"]["stable"] is False
+
+
+def test_options_csv_has_one_row_per_option_in_rank_order_with_display_names(tmp_path):
+    from servingplan.io import write_csv
+    decision = decision_with_many_options()
+    write_csv(tmp_path / "options.csv", planner.options_table(decision))
+    table = pd.read_csv(tmp_path / "options.csv")
+    assert list(table["rank"]) == list(range(1, 20))
+    assert set(table["machine"]) == {"HERE", "LAPTOP", "GPU"} and set(table["numbers"]) == {"measured", "estimated"}
+    assert set(table["policy"]) == {"continuous batching", "static batching"}
+    assert set(table["router"].dropna()) == {"round-robin router"}
+    first = table.iloc[0]
+    assert first["memory_gb"] == 1.4 and first["memory_basis"] == "reserved"
+    assert (first["cost_usd_per_1k_low"], first["cost_usd_per_1k_high"]) == (0.0001, 0.0002)
+    assert (first["capacity_rps_low"], first["capacity_rps_high"]) == (9.5, 14.0)
+    unstable = table[~table["keeps_up"]]
+    assert len(unstable) == 8 and unstable["cost_usd_per_1k"].isna().all() and (unstable["cost_verdict"] == "fail").all()
+    assert unstable["cost_note"].str.startswith("unstable").all()
+    fleets = table[table["replicas"] > 1]
+    assert fleets["latency_note"].str.contains("mean over seeds").all()

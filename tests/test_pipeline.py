@@ -142,8 +142,13 @@ def test_the_decision_judges_every_machine_and_names_the_pick_or_the_closest(pip
     options = decision["options"]
     assert {o["machine"] for o in options} == set(machines)
     assert all(o["replicas"] <= config["cost"]["max_replicas"] for o in options)
-    ranks = [(not o["meets_all"], o["usd_per_1k"]["high"]) for o in options]
-    assert ranks == sorted(ranks)
+    # meets all four first, then every defined cost before none, then fewest misses, dear end, fewer replicas
+    ranks = [(not o["meets_all"], o["usd_per_1k"]["high"] is None, len(o["misses"]),
+              o["usd_per_1k"]["high"] or 0.0, o["replicas"]) for o in options]
+    assert ranks == sorted(ranks) and [o["rank"] for o in options] == list(range(1, len(options) + 1))
+    assert all(o["usd_per_1k"]["high"] is None for o in options if not o["stable"])
+    table = pd.read_csv(pipeline / "results/plan/options.csv")
+    assert list(table["rank"]) == [o["rank"] for o in options]
     for option in options:
         assert set(option["verdicts"]) == {"latency", "capacity", "memory", "cost"}
         capacity = option["verdicts"]["capacity"]

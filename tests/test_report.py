@@ -34,8 +34,33 @@ from servingplan.validation import findings as validation_findings
 from servingplan.workload import generate
 
 ROOT = Path(__file__).resolve().parent.parent
-# contract 2 of the helpers' notes: the planner's cross-machine decision, as results/plan/decision.json
-DECISION_FIXTURE = Path(__file__).parent / "data" / "decision.json"
+
+
+def decision_fixture(with_pick: bool = True) -> dict:
+    """The planner's cross-machine decision (results/plan/decision.json) over three machines, built by
+    planner.decide from judged options: this machine never keeps up; the laptop meets all four only in
+    fleets too dear; the GPU meets all four on one machine (with `with_pick`; else it misses capacity)."""
+    from test_decision import option
+
+    def rec(name, display_name, measured, options):
+        return {"label": {"machine": name, "display_name": display_name, "measured": measured},
+                "options": options, "routes": ROUTES if name == "here" else None}
+
+    here = [option(stable=False, cap=cap, policy=policy, capacity_interval=(0.0, 0.0), measured_bytes=1.26e9)
+            for cap in (1, 2, 4, 8) for policy in ("continuous", "static")]
+    laptop = [option(measured=False, replicas=r, latency_range=None, latency_ms=170.0, cap=8,
+                     cost_interval=(0.0006 * r, 0.0006 * r), router="join_shortest_queue") for r in (3, 5, 9)]
+    gpu = [option(measured=False, cost_interval=(0.0001 * k, 0.0002 * k), cap=2 ** k,
+                  capacity_interval=(9.5, 14.0) if with_pick else (7.0, 14.0)) for k in range(1, 9)]
+    return planner.decide([rec("here", "this machine", True, here),
+                           rec("laptop-ryzen7-7840u", "Laptop, Ryzen 7 7840U", False, laptop),
+                           rec("nvidia-t4", "NVIDIA T4 GPU", False, gpu)])
+
+
+ROUTES = {"prefill_speedup": {"value": 2.2, "low": 1.9, "high": 2.6},
+          "replicas_to_keep_up": {"value": 10, "low": 9, "high": 12},
+          "replicas_usd_per_1k": {"value": 0.0058, "low": 0.0052, "high": 0.0069},
+          "cheapest_mix": {"speedup": 2.2, "replicas": 3, "usd_per_1k": {"value": 0.0017, "low": 0.0015, "high": 0.002}}}
 HOSTILE_TITLE = 'Sizing <script>alert("x")</script> & co'
 
 # Three machines: one fast enough for every target, one that keeps up but misses them all (with a
@@ -288,8 +313,8 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     write_json(paths["findings"], findings(latency, capacity, pd.read_csv(paths["chunks"]), fitted, config["slo"],
                                            config["workload"]))
     if with_decision:
-        paths["decision"] = d / "decision.json"
-        write_json(paths["decision"], read_json(DECISION_FIXTURE))
+        paths["decision"], paths["options"] = d / "decision.json", d / "options.csv"
+        write_decision(paths, decision_fixture())
 
     ex2 = exercise2_outputs(config)
     write_json(paths["exercise2"], ex2.answers)
@@ -630,10 +655,16 @@ def test_no_code_name_in_headings_or_table_labels(reports, scenario):
         assert SNAKE_CASE.findall(label.replace("\\_", "_")) == [], label
 
 
+def write_decision(paths: dict, decision: dict) -> None:
+    """decision.json and options.csv, as the decide rule writes them."""
+    write_json(paths["decision"], decision)
+    write_csv(paths["options"], planner.options_table(decision))
+
+
 def render_with_decision(directory: Path, decision: dict | None = None) -> dict:
     inputs, config = build_run(Path(directory) / "inputs", "all_fail", with_decision=True)
     if decision is not None:
-        write_json(inputs["decision"], decision)
+        write_decision(inputs, decision)
     out = Path(directory) / "report"
     logs = Path(directory) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -652,40 +683,59 @@ def decided(tmp_path_factory):
 
 
 def test_first_screen_opens_with_the_pick_and_one_line_per_machine(decided):
-    decision = read_json(DECISION_FIXTURE)
+    decision = decision_fixture()
     summary = first_screen(decided["md"]).strip().splitlines()
-    pick = decision["pick"]
-    assert summary[0].startswith("Pick: 1 × NVIDIA T4 (16 GB), estimated, running continuous + chunked prefill with at "
-                                 "most 16 concurrent sequences, the cheapest of the 3 options ranked")
-    assert "$0.00096 ($0.00082 to $0.0011)" in summary[0]
+    assert decision["pick"]["cap"] == 2
+    assert summary[0] == ("Pick: 1 × NVIDIA T4 GPU, continuous batching, cap 2 (estimated), the cheapest of the 19 options "
+                          "ranked that meets all four targets, at $0.00015 ($0.0001 to $0.0002) per 1,000 output tokens.")
     machine_lines = [line for line in summary if line.startswith("- ")]
-    assert len(machine_lines) == len(decision["machines"])
-    for line, machine in zip(machine_lines, decision["machines"]):
-        assert line.startswith(f"- {machine['display_name']} (")
-        assert ("meets all four targets" in line) == machine["meets_all"]
-        for miss in machine["misses"]:
-            assert miss in line
-    # the ranked options table: one row per option, its four verdicts and its price interval
-    options = re.findall(r"^\| (.*?) \| (measured|estimated) \| (\d+) \|(.*)$", first_screen(decided["md"]), flags=re.M)
-    assert [(name, int(replicas)) for name, _, replicas, _ in options] == \
-        [(o["display_name"], o["replicas"]) for o in decision["options"]]
-    assert "pass: 11 req/s (9.4 to 14)" in options[0][3]
-    assert pick["machine"] not in first_screen(decided["md"])
+    assert len(machine_lines) == len(decision["machines"]) == 3
+    here, laptop, gpu = machine_lines
+    # each machine's best, not its first: this machine's is the first of its unstable options, with no dollars
+    assert here == ("- this machine (measured): its closest is 1 × this machine, continuous batching, cap 1 (rank 12): "
+                    "latency fail: none: the queue grows; capacity fail: 0 req/s; memory pass: 1.26 GB measured; "
+                    "cost fail: none: it does not keep up; misses latency, capacity and cost.")
+    assert laptop.startswith("- Laptop, Ryzen 7 7840U (estimated): its closest is 3 × Laptop, Ryzen 7 7840U, "
+                             "join-shortest-queue router, continuous batching, cap 8 (rank 9): latency pass: 170 ms, mean over "
+                             "seeds (no slowest seed's); capacity pass: 11.8 req/s (9.5 to 14 req/s); memory pass: 1.4 GB "
+                             "reserved; cost fail: $0.0018; misses cost.")
+    assert gpu.startswith("- NVIDIA T4 GPU (estimated): meets all four targets with 1 × NVIDIA T4 GPU, continuous batching, "
+                          "cap 2 (rank 1): latency pass: 240 ms (200 to 280 ms); capacity pass: 11.8 req/s (9.5 to 14 req/s)")
     # both routes to the targets: faster prefill, more machines, and the cheapest mix of the two
     routes = next(line for line in summary if line.startswith("Two routes lead"))
     assert "prefill is 2.2× as fast (1.9 to 2.6×)" in routes and "10 replicas (9 to 12) keep up" in routes
     assert "3 machines each 2.2× as fast, at $0.0017 ($0.0015 to $0.002)" in routes
+    assert "nvidia-t4" not in first_screen(decided["md"]) and "join_shortest_queue" not in first_screen(decided["md"])
+
+
+def test_the_options_table_shows_its_head_and_links_the_full_ranking(decided):
+    decision = decision_fixture()
+    screen = first_screen(decided["md"])
+    rows = re.findall(r"^\| (\d+) \| (.*?) \| (.*?) \| (measured|estimated) \| (.*?) \|(.*)$", screen, flags=re.M)
+    assert [int(rank) for rank, *_ in rows] == [h["rank"] for h in decision["table_head"]]
+    assert len(rows) == 12 < len(decision["options"])
+    shown = {int(rank): why for rank, why, *_ in rows}
+    assert shown[1] == "the pick; best on NVIDIA T4 GPU" and shown[9] == "best on Laptop, Ryzen 7 7840U"
+    assert shown[12] == "best on this machine" and shown[2] == "next in the ranking"
+    pick_row = rows[0]
+    assert pick_row[4] == "1 replica, continuous batching, cap 2"
+    assert "pass: 11.8 req/s (9.5 to 14 req/s)" in pick_row[5] and "pass: 1.4 GB reserved" in pick_row[5]
+    assert "pass: $0.00015 ($0.0001 to $0.0002)" in pick_row[5]
+    assert "fail: none: it does not keep up" in rows[-1][5] and "1.26 GB measured" in rows[-1][5]
+    assert "7 more options, every one ranked the same way, in [options.csv](" in screen
     assert re.search(r'<table id="options">', decided["html"])
+    assert re.search(r'7 more options, every one ranked the same way, in <a href="[^"]*options.csv">options.csv</a>',
+                     decided["html"])
 
 
 def test_first_screen_without_a_pick_names_the_closest_and_its_misses(tmp_path):
-    decision = read_json(DECISION_FIXTURE)
-    closest = decision["options"][1]
-    decision.update(pick=None, closest=closest)
+    decision = decision_fixture(with_pick=False)
+    assert decision["pick"] is None
     summary = first_screen(render_with_decision(tmp_path, decision)["md"]).strip().splitlines()
-    assert summary[0] == ("No option meets all four targets. The closest is 3 × Laptop, Ryzen 7 7840U, estimated, "
-                          "running continuous batching with at most 8 concurrent sequences, which misses cost.")
-
+    assert summary[0] == ("None of the 19 options ranked meets all four targets; the closest is 1 × NVIDIA T4 GPU, "
+                          "continuous batching, cap 2 (estimated), at $0.00015 ($0.0001 to $0.0002) per 1,000 output "
+                          "tokens, which misses capacity.")
+    assert sum(line.startswith("- ") for line in summary) == 3
 
 
 def gap_amount(gap: dict) -> str:

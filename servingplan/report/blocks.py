@@ -87,6 +87,13 @@ class HtmlBlocks:
                                   for k in keys if k in self.sources)
         return Markup('<p class="source">Data: {}</p>\n').format(links) if links else Markup("")
 
+    def link_para(self, text, key: str) -> Markup:
+        """A paragraph ending in the link to one data file (nothing when the run has no such file)."""
+        if key not in self.sources:
+            return Markup("")
+        return Markup('<p>{} <a href="{}">{}</a>.</p>\n').format(
+            oneline(text), self.sources[key]["href"], self.sources[key]["path"])
+
     def table(self, headers: list, rows: list[list], sources=(), id: str | None = None, row_ids=None) -> Markup:
         numeric = numeric_columns(rows)
 
@@ -156,6 +163,11 @@ class MarkdownBlocks:
     def source(self, keys) -> Markup:
         links = ", ".join(f"[{md(self.sources[k]['path'])}]({self.sources[k]['href']})" for k in keys if k in self.sources)
         return Markup(f"Data: {links}\n\n" if links else "")
+
+    def link_para(self, text, key: str) -> Markup:
+        if key not in self.sources:
+            return Markup("")
+        return Markup(f"{md(text)} [{md(self.sources[key]['path'])}]({self.sources[key]['href']}).\n\n")
 
     def table(self, headers: list, rows: list[list], sources=(), id: str | None = None, row_ids=None) -> Markup:
         lines = ["| " + " | ".join(md(h) for h in headers) + " |", "|" + "---|" * len(headers)]
