@@ -59,10 +59,10 @@ COMPARED_SUFFIXES = (".csv", ".json")
 # ... except paths with a component or name part naming run-dependent content, which
 # differs from run to run: measured timings (profiles, benchmarks, the real-engine
 # validation replay), logs, provenance (when and where a report was made), and the
-# recommendation and the decision, which judge the memory target on the memory the validation replay measured.
+# recommendation, the decision and its options table, which judge the memory target on the memory the validation replay measured.
 NONDETERMINISTIC_WORDS = (
     "timing", "timings", "profile", "profiles", "profiling",
-    "benchmark", "benchmarks", "validation", "log", "logs", "provenance", "recommendation", "decision",
+    "benchmark", "benchmarks", "validation", "log", "logs", "provenance", "recommendation", "decision", "options",
 )
 _NONDETERMINISTIC = re.compile(
     r"(?:^|[/_.-])(?:" + "|".join(NONDETERMINISTIC_WORDS) + r")(?:[/_.-]|$)", re.IGNORECASE
