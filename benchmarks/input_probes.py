@@ -71,16 +71,25 @@ class Finished:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def run_forked(entry, argv, timeout: float):
-    """`entry(argv)` (an entry point's main) in a child forked from this process, which has imported
-    the package once: the probe still runs in its own process, with its own exit code and output, and
-    one still running after `timeout` is a hang (killed), without paying Python's start-up per probe."""
+# probes run at once (--jobs): each in its own forked process, so they share nothing but the files
+# they name, and every probe writing a file names its own
+JOBS = 1
+
+
+def run_all(entry, argvs, timeouts, jobs: int | None = None):
+    """`entry(argv)` (an entry point's main) for every argv of `argvs`, each in a child forked from this
+    process, which has imported the package once: every probe still runs in its own process, with its
+    own exit code and output, and one still running after its timeout is a hang (killed: outcome None),
+    without paying Python's start-up per probe. At most `jobs` (default JOBS) run at once; the
+    outcomes come in the order of `argvs`."""
     import io
     import multiprocessing
+    import time
     import traceback
     from contextlib import redirect_stderr, redirect_stdout
+    from multiprocessing.connection import wait
 
-    def child(connection):
+    def child(connection, argv):
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
             try:
@@ -93,20 +102,33 @@ def run_forked(entry, argv, timeout: float):
         connection.send((code or 0, out.getvalue(), err.getvalue()))
         connection.close()
 
-    receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
-    process = multiprocessing.get_context("fork").Process(target=child, args=(sender,))
-    process.start()
-    sender.close()
-    if not receiver.poll(timeout):
-        process.kill()
-        process.join()
-        return None
-    try:
-        code, out, err = receiver.recv()
-    except EOFError:
-        code, out, err = process.exitcode, "", "Traceback: the probe process died"
-    process.join()
-    return Finished(code, out, err)
+    context = multiprocessing.get_context("fork")
+    outcomes, waiting, running = [None] * len(argvs), list(range(len(argvs))), {}
+    while waiting or running:
+        while waiting and len(running) < (jobs or JOBS):
+            i = waiting.pop(0)
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=child, args=(sender, argvs[i]))
+            process.start()
+            sender.close()
+            running[receiver] = (i, process, time.monotonic() + timeouts[i])
+        ready = wait(list(running), timeout=max(0.0, min(end for _, _, end in running.values()) - time.monotonic()))
+        for receiver in list(running):
+            i, process, end = running[receiver]
+            if receiver in ready:
+                try:
+                    code, out, err = receiver.recv()
+                except EOFError:
+                    code, out, err = process.exitcode, "", "Traceback: the probe process died"
+                outcomes[i] = Finished(code, out, err)
+            elif time.monotonic() < end:
+                continue
+            else:
+                process.kill()  # still running after its time limit: a hang, outcome None
+            process.join()
+            receiver.close()
+            del running[receiver]
+    return outcomes
 
 
 def config_entry(argv):
@@ -397,14 +419,17 @@ def config_file_probes(tmp: Path):
 
 def run_config_probes(tmp: Path):
     outcomes = []
-    for name, path in config_file_probes(tmp).items():
-        proc = run_forked(config_entry, [str(path)], timeout=60)
+    files = config_file_probes(tmp)
+    for (name, _), proc in zip(files.items(), run_all(config_entry, [[str(p)] for p in files.values()],
+                                                      [60] * len(files))):
         outcomes.append(("config", f"config file: {name}", classify(proc, False), proc.stderr.strip() if proc else ""))
     probes = config_probes() + config_probes_19(tmp) + config_probes_since_19(tmp)
-    for i, (name, config, expect_ok, *must_say) in enumerate(probes):
+    argvs = []
+    for i, (_, config, *_) in enumerate(probes):
         path = tmp / f"config_{i}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        proc = run_forked(config_entry, [str(path)], timeout=60)
+        argvs.append([str(path)])
+    for (name, _, expect_ok, *must_say), proc in zip(probes, run_all(config_entry, argvs, [60] * len(argvs))):
         outcomes.append(("config", name, classify(proc, expect_ok, must_say=must_say), proc.stderr.strip() if proc else ""))
     return outcomes
 
@@ -796,7 +821,10 @@ def trace_formats_since_19(tmp: Path):
         ("BurstGPT JSONL", write("burst.jsonl", burst_jsonl), ["--trace-layout", "burstgpt"], True),
         ("BurstGPT CSV at --request-rate inf", write("burst_inf.csv", burst), ["--trace-layout", "burstgpt",
                                                                               "--request-rate", "inf"], True),
-        ("Azure CSV, max context 512, clip", write("azure_clip.csv", azure24), [
+        ("Azure: one date for every row, a burst replayed as logged", write("azure_burst.csv", (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2024-05-10 00:00:00,10,5\n" * 5)), ["--trace-layout", "azure"],
+         True),
+        ("Azure CSV, max context 320, clip", write("azure_clip.csv", azure24), [
             "--trace-layout", "azure", "--max-context", "320", "--too-long", "clip"], True),
     ]
     bad = [
@@ -808,11 +836,9 @@ def trace_formats_since_19(tmp: Path):
          "TIMESTAMP,ContextTokens,GeneratedTokens\n0001-01-01 00:00:00,10,5\n2024-05-10 00:00:00,12,6\n", "azure"),
         ("Azure: 2024's columns missing one", "azure_missing.csv",
          "TIMESTAMP,ContextTokens\n2024-05-10 00:00:00,10\n2024-05-10 00:00:01,12\n", "azure"),
-        ("Azure: naive and UTC-offset dates mixed", "azure_mixed.csv",
+        ("Azure: dates with and without a UTC offset", "azure_mixed.csv",
          "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,10,5\n2024-05-10 00:00:01+14:00,12,6\n",
          "azure"),
-        ("Azure: one date for every row", "azure_burst.csv",
-         "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2024-05-10 00:00:00,10,5\n" * 5, "azure"),
         ("BurstGPT: every request failed", "burst_failed.csv",
          "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
              f"{i},ChatGPT,20,0,20,Conversation log\n" for i in range(5)), "burstgpt"),
@@ -921,8 +947,11 @@ def result_file_probes(tmp: Path):
         ("--capacity-users 1 with an SLO", ["--capacity-users", "1", "--slo-ttft-ms", "2000", *one], True,
          finite_json),
         ("--percentile-metrics twice the same", ["--save-result", "--result-dir", str(out), "--result-filename",
-                                                 "dup.json", "--percentile-metrics", "ttft,ttft", *one], True,
-         finite_json),
+                                                 "dup.json", "--percentile-metrics", "ttft,ttft", *one], False,
+         finite_json, "given twice"),
+        ("--seeds 3,3", ["--seeds", "3,3", "--num-requests", "30", "--json"], False, finite_json, "given twice"),
+        ("--sweep-batch 4,4", ["--sweep-batch", "4,4", *one], False, finite_json, "given twice"),
+        ("--sweep-rate 5,5.0", ["--sweep-rate", "5,5.0", *one], False, finite_json, "given twice"),
     ]
     return probes
 
@@ -960,8 +989,9 @@ def run_cli_probes(tmp: Path, heavy: bool):
         probes.append(("ITL over 300,000 requests", ["--slo-itl-ms", "50", "--num-requests", "300000", "--seeds", "1",
                                                      "--sweep-batch", "64", "--json"], True, finite_json))
     outcomes = []
-    for name, argv, ok, figures, *must_say in probes:
-        proc = run_forked(cli_entry, argv, timeout=900 if "300,000" in name else 180)
+    finished = run_all(cli_entry, [argv for _, argv, *_ in probes],
+                       [900 if "300,000" in name else 180 for name, *_ in probes])
+    for (name, argv, ok, figures, *must_say), proc in zip(probes, finished):
         outcome = classify(proc, ok, figures, must_say)
         if outcome == "works" and ("--save-result" in argv or "--append-result" in argv):
             outcome = saved_result_outcome(argv)
@@ -1070,7 +1100,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heavy", action="store_true", help="add the 300,000-request ITL probe")
     parser.add_argument("--details", action="store_true", help="print every probe that is not a clear error")
+    parser.add_argument("--jobs", type=int, default=1, help="probes run at once (each in its own process)")
     args = parser.parse_args()
+    global JOBS
+    JOBS = max(1, args.jobs)
     os.chdir(ROOT)
     # imported once here, so every forked probe starts warm
     import servingplan.cli  # noqa: F401

@@ -293,11 +293,11 @@ def resolve(argument: str, cli_files) -> str:
 OPTION_VALUES = {
     "--policies": ["static", "continuous,continuous_chunked", "fifo", ""],
     "--rate": ["5", "20", "0.001", "1e6", "0", "-1", "nan", "inf", "1e7", "x"],
-    "--sweep-rate": ["5,40", "1,,2", "0,5", "inf"],
+    "--sweep-rate": ["5,40", "1,,2", "0,5", "inf", "5,inf", "5,5.0"],
     "--max-num-seqs": ["1", "4", "65536", "0", "70000", "4.5"],
     "--sweep-batch": ["4,8", "0,4", "x", "1"],
     "--chunk-size": ["1", "512", "0", "2000000"],
-    "--seeds": ["1", "2", "0,3", "0", "-1", "101", "1,x", "1e12"],
+    "--seeds": ["1", "2", "0,3", "0", "-1", "101", "1,x", "1e12", "3,3"],
     "--num-requests": ["10", "50", "0", "-5", "1e12", "1000000000000", "nan"],
     "--slo-ttft-ms": ["2000", "0", "-3", "nan", "1e10"],
     "--slo-tpot-ms": ["12", "0", "inf"],

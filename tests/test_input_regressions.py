@@ -796,3 +796,41 @@ def test_a_result_dir_where_no_file_can_be_created_is_refused_first(tmp_path, ca
     err = cli_error(capsys, "--save-result", "--result-dir", "/proc/self/fd", "--seeds", "1")
     assert "--result-dir '/proc/self/fd': no file can be created there" in err or "not writable" in err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option, value", [("--sweep-rate", "inf,inf"), ("--sweep-rate", "5,5.0"), ("--seeds", "3,3"),
+                                           ("--sweep-batch", "4,4"), ("--percentile-metrics", "ttft,ttft")])
+def test_a_list_item_given_twice_is_refused(capsys, option, value):
+    """--sweep-rate inf,inf ran its cell twice and reported the one seed as 2 seeds."""
+    extra = ["--save-result", "--result-dir", "/tmp"] if option == "--percentile-metrics" else []
+    err = cli_error(capsys, option, value, *extra)
+    assert f"argument {option}: {value!r}: " in err and "given twice; each item must differ" in err
+
+
+def test_trace_dates_with_and_without_a_utc_offset_are_refused(tmp_path, capsys):
+    """A date without an offset is read as UTC; beside dates with one, the file's timeline was silently
+    reordered (+14:00 put the second request 14 hours before the first)."""
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,10,5\n"
+                    "2024-05-10 00:00:01+14:00,12,6\n")
+    err = cli_error(capsys, "--trace", str(path), "--trace-layout", "azure")
+    assert "line 3: TIMESTAMP = 2024-05-10 00:00:01+14:00: has UTC offset, line 2's date has none" in err
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00+00:00,10,5\n"
+                    "2024-05-10 00:00:01-07:00,12,6\n")
+    loaded = workload.load_trace(path, "azure")
+    assert list(loaded.trace.arrival_s) == [0.0, 7 * 3600 + 1.0]
+
+
+def test_azure_2023_and_2024_dates_and_burstgpt_rows_read_as_their_data_sets_write_them(tmp_path):
+    azure23, azure24, burst = tmp_path / "a23.csv", tmp_path / "a24.csv", tmp_path / "b.csv"
+    azure23.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                       "2023-11-16 18:15:50.9951690,396,109\n")
+    azure24.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,2162,5\n"
+                       "2024-05-10 00:00:00.018005+00:00,4020,5\n")
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "5,ChatGPT,472,18,490,Conversation log\n45,ChatGPT,1087,0,1087,Conversation log\n"
+                     "118,GPT-4,417,276,693,API log\n")
+    assert workload.load_trace(azure23, "azure").trace.arrival_s[1] == pytest.approx(4.314579)
+    assert workload.load_trace(azure24, "azure").trace.arrival_s[1] == pytest.approx(0.008075)
+    loaded = workload.load_trace(burst, "burstgpt")
+    assert loaded.skipped_zero_tokens == 1 and list(loaded.trace.arrival_s) == [0.0, 113.0]
