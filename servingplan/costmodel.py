@@ -202,6 +202,8 @@ def _check_speed_band(band) -> None:
     for both kinds or neither (the capacity stage uses a band only with both)."""
     if band is None:
         return
+    if isinstance(band, dict):
+        _check_meta_keys(band, "meta.speed_band", BAND_KINDS)
     if isinstance(band, dict) and band and set(band) & set(BAND_KINDS) != set(BAND_KINDS):
         missing = [kind for kind in BAND_KINDS if kind not in band]
         raise ValueError(f"cost model meta.speed_band = {_short(band)}: has no {missing[0]}; give a band for both "
@@ -228,15 +230,15 @@ def _check_profiled_range(ranges) -> None:
                              "count first")
 
 
-def _check_meta_keys(meta: dict) -> None:
-    """meta is free-form provenance, but a key one or two letters from one the pipeline reads is that
-    key misspelled: ignored, it would silently drop the speed band or the profiled range."""
+def _check_meta_keys(meta: dict, where: str = "meta", read=READ_META_KEYS) -> None:
+    """meta is free-form provenance (and a speed band may carry kinds of call beside the two read), but
+    a key one or two letters from one the pipeline reads is that key misspelled: ignored, it would
+    silently drop the speed band, the profiled range or a band's decode or prefill."""
     for key in meta:
-        nearest = difflib.get_close_matches(str(key), READ_META_KEYS, n=1, cutoff=META_TYPO_SIMILARITY)
+        nearest = difflib.get_close_matches(str(key), read, n=1, cutoff=META_TYPO_SIMILARITY)
         if nearest and key != nearest[0]:
-            raise ValueError(f"cost model meta.{key} is not a key the pipeline reads; did you mean "
-                             f"meta.{nearest[0]}? (read: {', '.join(READ_META_KEYS)}; see "
-                             "schemas/costmodel.schema.json)")
+            raise ValueError(f"cost model {where}.{key} is not a key the pipeline reads; did you mean "
+                             f"{where}.{nearest[0]}? (read: {', '.join(read)}; see schemas/costmodel.schema.json)")
 
 
 @lru_cache(maxsize=1)
