@@ -1,17 +1,22 @@
-"""Issues 12 and 19's probes, rerun as a user meets them: every bad config (every key the config
-schema lists, optional ones included, and a misspelling of each section's keys), CLI call (every flag),
-cost model, trace file (CSV and JSONL, every layout), output path, special file (FIFO, /dev/zero),
-engine request mix and free text reaching the report runs in its own process, and each outcome is
-counted as
+"""Issues 12 and 19's probes and those of the keys, flags and formats added since, rerun as a user
+meets them: every bad config (every key the config schema lists, optional ones included, and a
+misspelling of each section's keys; hardware targets' kind and launch overhead, the closed loop and
+burstiness), CLI call (every flag, good and bad values), cost model (every key misspelled, the meta
+keys the pipeline reads), trace file (CSV and JSONL, every layout: Azure 2023 and 2024, BurstGPT), output
+path and the file found there (a vLLM result file to append to, or not), special file (FIFO, /dev/zero,
+symlink, directory), engine request mix and free text reaching the report runs in its own process,
+and each outcome is counted as
 
-    clear error   non-zero exit, one line on stderr, no traceback
-    traceback     a Python traceback (or a multi-line / empty error)
-    silent        exit 0 on an input that is wrong, or any figure negative, NaN or infinite
+    clear error   non-zero exit, one line on stderr, no traceback (naming what the probe says it must)
+    traceback     a Python traceback, or an error that is not that one clear line (several lines,
+                  empty, or not naming the key, file or misspelled key meant)
+    silent        exit 0 on an input that is wrong, or any figure negative, NaN or infinite, or a
+                  result file that is not JSON objects, one a line
     hang          still running after the probe's time limit
     works         a valid input (the probes include some) ran and gave finite, non-negative figures
 
-    python benchmarks/input_probes.py            # about a minute or two
-    python benchmarks/input_probes.py --heavy    # adds ITL over 300,000 requests (minutes, GBs)
+    nice python benchmarks/input_probes.py --jobs 2   # minutes; not a timing benchmark
+    python benchmarks/input_probes.py --heavy         # adds ITL over 300,000 requests (minutes, GBs)
 """
 from __future__ import annotations
 
