@@ -604,7 +604,7 @@ def cli_probes_19(tmp: Path):
         "--trace-columns": ["arrival", "x=y", "arrival=", "prompt_tokens=arrival_s", "arrival=nope"],
         "--max-num-batched-tokens": ["0", "-1", "1e12", "4"], "--seed": ["-1", "4294967296", "x"],
         "--goodput": ["ttft", "x:5", "ttft:0", "ttft:nan", "tpot:-1"],
-        "--metric-percentiles": ["101", "nan", "", "1,,2"], "--request-rate": ["0", "nan", "inf"],
+        "--metric-percentiles": ["101", "nan", "", "1,,2"], "--request-rate": ["0", "nan", "-inf"],
         "--num-prompts": ["0", "1e12", "nan"],
     }
     for option, values in bad_values.items():
