@@ -1,17 +1,22 @@
-"""Issues 12 and 19's probes, rerun as a user meets them: every bad config (every key the config
-schema lists, optional ones included, and a misspelling of each section's keys), CLI call (every flag),
-cost model, trace file (CSV and JSONL, every layout), output path, special file (FIFO, /dev/zero),
-engine request mix and free text reaching the report runs in its own process, and each outcome is
-counted as
+"""Issues 12 and 19's probes and those of the keys, flags and formats added since, rerun as a user
+meets them: every bad config (every key the config schema lists, optional ones included, and a
+misspelling of each section's keys; hardware targets' kind and launch overhead, the closed loop and
+burstiness), CLI call (every flag, good and bad values), cost model (every key misspelled, the meta
+keys the pipeline reads), trace file (CSV and JSONL, every layout: Azure 2023 and 2024, BurstGPT), output
+path and the file found there (a vLLM result file to append to, or not), special file (FIFO, /dev/zero,
+symlink, directory), engine request mix and free text reaching the report runs in its own process,
+and each outcome is counted as
 
-    clear error   non-zero exit, one line on stderr, no traceback
-    traceback     a Python traceback (or a multi-line / empty error)
-    silent        exit 0 on an input that is wrong, or any figure negative, NaN or infinite
+    clear error   non-zero exit, one line on stderr, no traceback (naming what the probe says it must)
+    traceback     a Python traceback, or an error that is not that one clear line (several lines,
+                  empty, or not naming the key, file or misspelled key meant)
+    silent        exit 0 on an input that is wrong, or any figure negative, NaN or infinite, or a
+                  result file that is not JSON objects, one a line
     hang          still running after the probe's time limit
     works         a valid input (the probes include some) ran and gave finite, non-negative figures
 
-    python benchmarks/input_probes.py            # about a minute or two
-    python benchmarks/input_probes.py --heavy    # adds ITL over 300,000 requests (minutes, GBs)
+    nice python benchmarks/input_probes.py --jobs 2   # minutes; not a timing benchmark
+    python benchmarks/input_probes.py --heavy         # adds ITL over 300,000 requests (minutes, GBs)
 """
 from __future__ import annotations
 
@@ -31,6 +36,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# the config and cost-model setter the generative suite uses too (tests/helpers.py)
+sys.path.insert(1, str(ROOT / "tests"))
+from helpers import set_path  # noqa: E402
 CLI = [sys.executable, str(ROOT / "scripts" / "serving_sim.py")]
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
 INJECTION = "ok\n\n# Fake section\n[x](javascript:alert(3))"
@@ -38,7 +46,9 @@ INJECTION = "ok\n\n# Fake section\n[x](javascript:alert(3))"
 SMALL = ["--num-requests", "100", "--seeds", "1", "--json"]
 
 
-def classify(proc_or_timeout, expect_ok: bool, figures_ok=lambda out: True) -> str:
+def classify(proc_or_timeout, expect_ok: bool, figures_ok=lambda out: True, must_say=()) -> str:
+    """The outcome of one probe; `must_say` holds a pattern its refusal must match (the key or file
+    it names, the key meant by a misspelling): a refusal that says something else is no clear error."""
     if proc_or_timeout is None:
         return "hang"
     proc = proc_or_timeout
@@ -46,7 +56,8 @@ def classify(proc_or_timeout, expect_ok: bool, figures_ok=lambda out: True) -> s
     if "Traceback" in err:
         return "traceback"
     if proc.returncode != 0:
-        return "clear error" if len(err.splitlines()) == 1 else "traceback"
+        clear = len(err.splitlines()) == 1 and all(re.search(pattern, err) for pattern in must_say)
+        return "clear error" if clear else "traceback"
     if not expect_ok or not figures_ok(proc.stdout):
         return "silent"
     return "works"
@@ -65,16 +76,25 @@ class Finished:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def run_forked(entry, argv, timeout: float):
-    """`entry(argv)` (an entry point's main) in a child forked from this process, which has imported
-    the package once: the probe still runs in its own process, with its own exit code and output, and
-    one still running after `timeout` is a hang (killed), without paying Python's start-up per probe."""
+# probes run at once (--jobs): each in its own forked process, so they share nothing but the files
+# they name, and every probe writing a file names its own
+JOBS = 1
+
+
+def run_all(entry, argvs, timeouts, jobs: int | None = None):
+    """`entry(argv)` (an entry point's main) for every argv of `argvs`, each in a child forked from this
+    process, which has imported the package once: every probe still runs in its own process, with its
+    own exit code and output, and one still running after its timeout is a hang (killed: outcome None),
+    without paying Python's start-up per probe. At most `jobs` (default JOBS) run at once; the
+    outcomes come in the order of `argvs`."""
     import io
     import multiprocessing
+    import time
     import traceback
     from contextlib import redirect_stderr, redirect_stdout
+    from multiprocessing.connection import wait
 
-    def child(connection):
+    def child(connection, argv):
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
             try:
@@ -87,20 +107,33 @@ def run_forked(entry, argv, timeout: float):
         connection.send((code or 0, out.getvalue(), err.getvalue()))
         connection.close()
 
-    receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
-    process = multiprocessing.get_context("fork").Process(target=child, args=(sender,))
-    process.start()
-    sender.close()
-    if not receiver.poll(timeout):
-        process.kill()
-        process.join()
-        return None
-    try:
-        code, out, err = receiver.recv()
-    except EOFError:
-        code, out, err = process.exitcode, "", "Traceback: the probe process died"
-    process.join()
-    return Finished(code, out, err)
+    context = multiprocessing.get_context("fork")
+    outcomes, waiting, running = [None] * len(argvs), list(range(len(argvs))), {}
+    while waiting or running:
+        while waiting and len(running) < (jobs or JOBS):
+            i = waiting.pop(0)
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=child, args=(sender, argvs[i]))
+            process.start()
+            sender.close()
+            running[receiver] = (i, process, time.monotonic() + timeouts[i])
+        ready = wait(list(running), timeout=max(0.0, min(end for _, _, end in running.values()) - time.monotonic()))
+        for receiver in list(running):
+            i, process, end = running[receiver]
+            if receiver in ready:
+                try:
+                    code, out, err = receiver.recv()
+                except EOFError:
+                    code, out, err = process.exitcode, "", "Traceback: the probe process died"
+                outcomes[i] = Finished(code, out, err)
+            elif time.monotonic() < end:
+                continue
+            else:
+                process.kill()  # still running after its time limit: a hang, outcome None
+            process.join()
+            receiver.close()
+            del running[receiver]
+    return outcomes
 
 
 def config_entry(argv):
@@ -219,24 +252,6 @@ def schema_nodes(node=None, path=()):
         yield from schema_nodes(node["items"], path + (0,))
 
 
-def set_path(config, path, value):
-    node = config
-    for key, following in zip(path[:-1], path[1:]):
-        if isinstance(node, list):
-            while len(node) <= key:
-                node.append({})
-            node = node[key]
-            continue
-        if not isinstance(node.get(key), (dict, list)):
-            node[key] = [] if isinstance(following, int) else {}
-        node = node[key]
-    if isinstance(node, list):
-        while len(node) <= path[-1]:
-            node.append({})
-    node[path[-1]] = value
-    return config
-
-
 def trace_base(tmp: Path) -> dict:
     """config.yaml replaying a valid trace file, the base of every workload.trace probe."""
     path = tmp / "base_trace.csv"
@@ -340,6 +355,61 @@ def config_probes_19(tmp: Path):
     return probes
 
 
+def config_probes_since_19(tmp: Path):
+    """Keys added since issue 19's round, one case per good and bad value: hardware targets' kind and
+    launch_overhead_ms, workload.max_concurrency and workload.burstiness (with a trace file too), and
+    the cost model's meta keys the pipeline reads (speed_band, profiled_range) through costmodel.source."""
+    gpu = next(i for i, target in enumerate(BASE["hardware"]) if target.get("kind") == "gpu")
+    cpu = next(i for i, target in enumerate(BASE["hardware"]) if target.get("kind", "cpu") == "cpu")
+
+    def at(path, value, base=BASE):
+        return set_path(copy.deepcopy(base), path, value)
+    probes = [(f"hardware[{cpu}].kind = 'cpu'", at(("hardware", cpu, "kind"), "cpu"), True)]
+    probes += [(f"hardware[{gpu}].launch_overhead_ms = {v!r}", at(("hardware", gpu, "launch_overhead_ms"), v), True)
+               for v in (0, 0.01, 2.5, 1000)]
+    probes += [(f"hardware[{gpu}].kind = {v!r:.30}", at(("hardware", gpu, "kind"), v), False)
+               for v in ("tpu", "GPU", "", None, 3, True, ["gpu"], {}, "g" * 5000)]
+    probes += [(f"hardware[{gpu}].launch_overhead_ms = {v!r}", at(("hardware", gpu, "launch_overhead_ms"), v), False)
+               for v in (math.nan, math.inf, -math.inf, -1, -1e-9, 1000.5, 1e300, 10**13, "2.5",
+                         True, None, [], {})]
+    probes += [
+        (f"hardware[{cpu}].launch_overhead_ms on a cpu", at(("hardware", cpu, "launch_overhead_ms"), 2.5), False),
+        (f"hardware[{cpu}] kind cpu with launch_overhead_ms 0",
+         at(("hardware", cpu, "launch_overhead_ms"), 0, at(("hardware", cpu, "kind"), "cpu")), False),
+        ("hardware of 8 gpu targets", at(("hardware",), [{"name": f"g{i}", "bandwidth_gbs": 300 + i, "gflops": 8000,
+                                                          "kind": "gpu", "launch_overhead_ms": i} for i in range(8)]),
+         True),
+        ("hardware of 9 targets", at(("hardware",), [{"name": f"g{i}", "bandwidth_gbs": 300, "gflops": 8000}
+                                                     for i in range(9)]), False),
+        ("hardware target misspelled kinds", at(("hardware", gpu, "kinds"), "gpu"), False),
+        ("hardware target misspelled launch_overhead", at(("hardware", gpu, "launch_overhead"), 2.5), False),
+        ("hardware with an imported cost model",
+         {**copy.deepcopy(BASE), "costmodel": {"source": str(cost_file(tmp, "hw", {}))}}, False),
+    ]
+    probes += [(f"workload.max_concurrency = {v!r}", at(("workload", "max_concurrency"), v), True)
+               for v in (1, 8, 1_000_000)]
+    probes += [(f"workload.max_concurrency = {v!r}", at(("workload", "max_concurrency"), v), False)
+               for v in (0, -1, 2.5, 8.0, 1_000_001, 10**12, math.nan, math.inf, "8", True, None, [8])]
+    probes += [(f"workload.burstiness = {v!r}", at(("workload", "burstiness"), v), True)
+               for v in (0.001, 0.5, 1, 1e6)]
+    probes += [(f"workload.burstiness = {v!r}", at(("workload", "burstiness"), v), False)
+               for v in (0, 0.0009, 1e-320, -1, 1e7, math.nan, math.inf, -math.inf, "1", True, None, [1])]
+    base = trace_base(tmp)
+    probes += [
+        ("workload.max_concurrency with a trace file", at(("workload", "max_concurrency"), 4, base), True),
+        ("workload.burstiness with a trace file (which keeps its own arrivals)",
+         at(("workload", "burstiness"), 2.0, base), False, "burstiness"),
+        ("workload.misspelled max_concurency", at(("workload", "max_concurency"), 4), False, "max_concurency"),
+    ]
+    # the cost model's meta keys the pipeline reads, through costmodel.source (no hardware: a file has no probes)
+    for name, text, ok, *say in cost_documents_since_19():
+        path = tmp / f"meta_{len(probes)}.json"
+        path.write_text(text)
+        probes.append((f"costmodel.source: {name}", {**copy.deepcopy(BASE), "costmodel": {"source": str(path)},
+                                                     "hardware": []}, ok, *say))
+    return probes
+
+
 def config_file_probes(tmp: Path):
     """Config files that are no plain YAML mapping: special files, anchors expanding to billions."""
     laughs = tmp / "laughs.yaml"
@@ -354,14 +424,18 @@ def config_file_probes(tmp: Path):
 
 def run_config_probes(tmp: Path):
     outcomes = []
-    for name, path in config_file_probes(tmp).items():
-        proc = run_forked(config_entry, [str(path)], timeout=60)
+    files = config_file_probes(tmp)
+    for (name, _), proc in zip(files.items(), run_all(config_entry, [[str(p)] for p in files.values()],
+                                                      [60] * len(files))):
         outcomes.append(("config", f"config file: {name}", classify(proc, False), proc.stderr.strip() if proc else ""))
-    for i, (name, config, expect_ok) in enumerate(config_probes() + config_probes_19(tmp)):
+    probes = config_probes() + config_probes_19(tmp) + config_probes_since_19(tmp)
+    argvs = []
+    for i, (_, config, *_) in enumerate(probes):
         path = tmp / f"config_{i}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        proc = run_forked(config_entry, [str(path)], timeout=60)
-        outcomes.append(("config", name, classify(proc, expect_ok), proc.stderr.strip() if proc else ""))
+        argvs.append([str(path)])
+    for (name, _, expect_ok, *must_say), proc in zip(probes, run_all(config_entry, argvs, [60] * len(argvs))):
+        outcomes.append(("config", name, classify(proc, expect_ok, must_say=must_say), proc.stderr.strip() if proc else ""))
     return outcomes
 
 
@@ -495,7 +569,7 @@ def cli_probes(tmp: Path):
         path = tmp / f"trace_{i}.csv"
         path.write_text(text)
         probes.append((f"trace: {name}", ["--workload", str(path), "--json"], ok, finite_json))
-    return probes + cli_probes_19(tmp)
+    return probes + cli_probes_19(tmp) + cli_probes_since_19(tmp)
 
 
 def cli_probes_19(tmp: Path):
@@ -530,7 +604,7 @@ def cli_probes_19(tmp: Path):
         "--trace-columns": ["arrival", "x=y", "arrival=", "prompt_tokens=arrival_s", "arrival=nope"],
         "--max-num-batched-tokens": ["0", "-1", "1e12", "4"], "--seed": ["-1", "4294967296", "x"],
         "--goodput": ["ttft", "x:5", "ttft:0", "ttft:nan", "tpot:-1"],
-        "--metric-percentiles": ["101", "nan", "", "1,,2"], "--request-rate": ["0", "nan", "inf"],
+        "--metric-percentiles": ["101", "nan", "", "1,,2"], "--request-rate": ["0", "nan", "-inf"],
         "--num-prompts": ["0", "1e12", "nan"],
     }
     for option, values in bad_values.items():
@@ -649,6 +723,256 @@ def load_shape_probes(tmp: Path):
     return probes
 
 
+def cost_file(tmp: Path, name: str, changes: dict) -> Path:
+    """A valid cost-model file with `changes` ({path tuple: value}) applied."""
+    document = copy.deepcopy(GOOD_COST)
+    for path, value in changes.items():
+        set_path(document, path, value)
+    path = tmp / f"cost_{name}.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+GOOD_COST = {"schema_version": 1, "name": "probe",
+             "decode": {"fixed_s": 0.005, "per_seq_s": 0.0, "per_ctx_token_s": 4.3e-8},
+             "prefill": {"fixed_s": 0.0, "per_token_s": 4.7e-5}}
+
+
+def cost_documents_since_19():
+    """(name, text, expect_ok[, what the refusal must say]): the meta keys the pipeline reads
+    (speed_band by the capacity stage, profiled_range by the CLI's extrapolation warning) and
+    misspellings of every key, each to be named with the key meant."""
+    def with_(changes):
+        document = copy.deepcopy(GOOD_COST)
+        for path, value in changes.items():
+            set_path(document, path, value)
+        return json.dumps(document)
+    band = {"decode": [0.9, 1.2], "prefill": [0.95, 1.1]}
+    ranges = {"prompt_tokens": [16, 512], "context_tokens": [17, 1024]}
+    probes = [
+        ("meta.profiled_range valid", with_({("meta",): {"profiled_range": ranges}}), True),
+        ("meta.speed_band and profiled_range valid", with_({("meta",): {"speed_band": band, "profiled_range": ranges,
+                                                                        "machine_fingerprint": "abc"}}), True),
+        ("meta.profiled_range reversed", with_({("meta", "profiled_range"): {**ranges, "prompt_tokens": [512, 16]}}),
+         False, "profiled_range"),
+        ("meta.profiled_range of floats", with_({("meta", "profiled_range"): {**ranges, "context_tokens": [1.5, 9.0]}}),
+         False, "profiled_range"),
+        ("meta.profiled_range NaN", with_({("meta", "profiled_range"): {**ranges, "context_tokens": [1, math.nan]}}),
+         False, "profiled_range"),
+        ("meta.profiled_range negative", with_({("meta", "profiled_range"): {**ranges, "prompt_tokens": [-5, 9]}}),
+         False, "profiled_range"),
+        ("meta.profiled_range huge", with_({("meta", "profiled_range"): {**ranges, "context_tokens": [1, 10**15]}}),
+         False, "profiled_range"),
+        ("meta.profiled_range one item", with_({("meta", "profiled_range"): {**ranges, "prompt_tokens": [5]}}), False,
+         "profiled_range"),
+        ("meta.profiled_range without context_tokens", with_({("meta", "profiled_range"): {"prompt_tokens": [5, 9]}}),
+         False, "context_tokens"),
+        ("meta.profiled_range a string", with_({("meta", "profiled_range"): "16..512"}), False, "profiled_range"),
+        ("meta.profiled_range.prompt_token misspelled", with_({("meta", "profiled_range"): {
+            "prompt_token": [16, 512], "context_tokens": [17, 1024]}}), False, "did you mean .*prompt_tokens"),
+        ("meta.speed_bnad misspelled", with_({("meta", "speed_bnad"): band}), False, "did you mean .*speed_band"),
+        ("meta.profiled_rnage misspelled", with_({("meta", "profiled_rnage"): ranges}), False,
+         "did you mean .*profiled_range"),
+        ("meta.speed_band.decdoe misspelled", with_({("meta", "speed_band"): {"decdoe": [0.9, 1.2],
+                                                                              "prefill": [0.9, 1.1]}}), False,
+         "did you mean .*decode"),
+        ("meta.speed_band without prefill", with_({("meta", "speed_band"): {"decode": [0.9, 1.2]}}), False,
+         "prefill"),
+        ("meta.speed_band infinite", with_({("meta", "speed_band"): {**band, "decode": [0.9, math.inf]}}), False,
+         "speed_band"),
+        ("meta.speed_band huge", with_({("meta", "speed_band"): {**band, "decode": [0.9, 1e300]}}), False,
+         "speed_band"),
+    ]
+    # a key misspelled as a user would (a letter swapped, dropped or doubled): the refusal names the key meant
+    for path, wrong in ((("schema_vesrion",), "schema_version"), (("nmae",), "name"), (("sourc",), "source"),
+                        (("decoed",), "decode"), (("prefil",), "prefill"), (("decode", "fixd_s"), "fixed_s"),
+                        (("decode", "per_seq"), "per_seq_s"), (("decode", "per_ctx_tokens_s"), "per_ctx_token_s"),
+                        (("decode", "ctx_mdoe"), "ctx_mode"), (("decode", "batch_fixed"), "batch_fixed_s"),
+                        (("decode", "batch_fixed_s", "batchs"), "batches"), (("prefill", "per_tokn_s"), "per_token_s"),
+                        (("prefill", "per_token_sq"), "per_token_sq_s"), (("prefill", "per_token_cxt_s"),
+                                                                          "per_token_ctx_s")):
+        changes = {path: 0.001}
+        if path[:2] == ("decode", "batch_fixed_s"):
+            changes = {("decode", "batch_fixed_s"): {"batches": [1], "fixed_s": [0.004], path[-1]: [1]}}
+        probes.append((f"misspelled key {'.'.join(path)}", with_(changes), False, f"did you mean .*{wrong}"))
+    return probes
+
+
+def trace_formats_since_19(tmp: Path):
+    """(name, path, --trace options, expect_ok): each public trace layout as its data set writes it
+    (Azure 2023: 7-digit fractions; Azure 2024: a UTC offset; BurstGPT: its six columns, failed
+    requests logging 0 response tokens), as CSV and JSONL, and what each layout gets wrong."""
+    def write(name, text):
+        path = tmp / f"fmt_{name}"
+        path.write_text(text)
+        return path
+    azure23 = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{10 + i // 10:02d}.{i % 10}680590,{30 + i},{5 + i % 3}\n" for i in range(40))
+    azure24 = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2024-05-10 00:00:{i // 10:02d}.{i % 10}09930+00:00,{300 + i},{20 + i % 9}\n" for i in range(40))
+    burst = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
+        f"{i * 0.7:.1f},ChatGPT,{200 + i},{0 if i % 9 == 4 else 30 + i},{230 + 2 * i},Conversation log\n"
+        for i in range(40))
+    burst_jsonl = "".join(json.dumps({"Timestamp": i * 0.5, "Model": "GPT-4", "Request tokens": 20 + i,
+                                      "Response tokens": 9, "Total tokens": 29 + i, "Log Type": "API log"}) + "\n"
+                          for i in range(30))
+    azure_jsonl = "".join(json.dumps({"TIMESTAMP": f"2024-05-10T00:00:{i:02d}.5+00:00", "ContextTokens": 100 + i,
+                                      "GeneratedTokens": 7}) + "\n" for i in range(30))
+    good = [
+        ("Azure 2023 CSV", write("azure23.csv", azure23), ["--trace-layout", "azure"], True),
+        ("Azure 2024 CSV (UTC offset)", write("azure24.csv", azure24), ["--trace-layout", "azure"], True),
+        ("Azure 2024 JSONL", write("azure24.jsonl", azure_jsonl), ["--trace-layout", "azure"], True),
+        ("BurstGPT CSV with failed requests", write("burst.csv", burst), ["--trace-layout", "burstgpt"], True),
+        ("BurstGPT JSONL", write("burst.jsonl", burst_jsonl), ["--trace-layout", "burstgpt"], True),
+        ("BurstGPT CSV at --request-rate inf", write("burst_inf.csv", burst), ["--trace-layout", "burstgpt",
+                                                                              "--request-rate", "inf"], True),
+        ("Azure: one date for every row, a burst replayed as logged", write("azure_burst.csv", (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2024-05-10 00:00:00,10,5\n" * 5)), ["--trace-layout", "azure"],
+         True),
+        ("Azure CSV, max context 320, clip", write("azure_clip.csv", azure24), [
+            "--trace-layout", "azure", "--max-context", "320", "--too-long", "clip"], True),
+    ]
+    bad = [
+        ("Azure: a date that does not exist", "azure_bad_date.csv",
+         azure23.replace("2023-11-16 18:15:10.0680590", "2023-02-30 18:15:10.0680590"), "azure"),
+        ("Azure: seconds instead of dates", "azure_seconds.csv",
+         "TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n1,12,6\n", "azure"),
+        ("Azure: year 1 beside 2024", "azure_year1.csv",
+         "TIMESTAMP,ContextTokens,GeneratedTokens\n0001-01-01 00:00:00,10,5\n2024-05-10 00:00:00,12,6\n", "azure"),
+        ("Azure: 2024's columns missing one", "azure_missing.csv",
+         "TIMESTAMP,ContextTokens\n2024-05-10 00:00:00,10\n2024-05-10 00:00:01,12\n", "azure"),
+        ("Azure: dates with and without a UTC offset", "azure_mixed.csv",
+         "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,10,5\n2024-05-10 00:00:01+14:00,12,6\n",
+         "azure"),
+        ("BurstGPT: every request failed", "burst_failed.csv",
+         "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
+             f"{i},ChatGPT,20,0,20,Conversation log\n" for i in range(5)), "burstgpt"),
+        ("BurstGPT: negative timestamp", "burst_negative.csv",
+         "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n-5,ChatGPT,20,9,29,x\n1,x,20,9,29,x\n",
+         "burstgpt"),
+        ("BurstGPT: token count 1e400", "burst_huge.jsonl",
+         '{"Timestamp": 0, "Request tokens": 1e400, "Response tokens": 9}\n{"Timestamp": 1, "Request tokens": 3, '
+         '"Response tokens": 9}\n', "burstgpt"),
+        ("BurstGPT: token count true", "burst_bool.jsonl",
+         '{"Timestamp": 0, "Request tokens": true, "Response tokens": 9}\n{"Timestamp": 1, "Request tokens": 3, '
+         '"Response tokens": 9}\n', "burstgpt"),
+        ("BurstGPT: token count an object", "burst_obj.jsonl",
+         '{"Timestamp": 0, "Request tokens": {"n": 3}, "Response tokens": 9}\n', "burstgpt"),
+        ("BurstGPT: token count 2**70", "burst_big.jsonl",
+         '{"Timestamp": 0, "Request tokens": 1180591620717411303424, "Response tokens": 9}\n', "burstgpt"),
+        ("BurstGPT JSONL: a line that is a list", "burst_list.jsonl", '[0, 20, 9]\n', "burstgpt"),
+        ("JSONL: a blank file", "blank.jsonl", "\n\n", "servingplan"),
+        ("JSONL: a line of 200,000 characters", "long_line.jsonl",
+         json.dumps({"arrival_s": 0, "prompt_tokens": 9, "output_tokens": 5, "pad": "x" * 200_000}) + "\n",
+         "servingplan"),
+    ]
+    return good + [(name, write(file_name, text), ["--trace-layout", layout], False)
+                   for name, file_name, text, layout in bad]
+
+
+def result_file_probes(tmp: Path):
+    """--append-result onto what is there: a vLLM result file (its runs kept, the new one added), or
+    something else, refused before any run; and the output flags' good and bad values."""
+    out = tmp / "append"
+    out.mkdir(exist_ok=True)
+    one = ["--num-requests", "30", "--seeds", "1", "--json"]
+    append = ["--append-result", "--result-dir", str(out), *one, "--result-filename"]
+    previous = {"date": "20260101-000000", "backend": "vllm", "request_rate": 5.0, "completed": 30}
+    (out / "vllm.json").write_text(json.dumps(previous) + "\n" + json.dumps({**previous, "request_rate": 6.0}))
+    (out / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
+    (out / "list.json").write_text("[1, 2, 3]")
+    (out / "deep.json").write_text("[" * 50_000 + "]" * 50_000)
+    (out / "latin1.json").write_bytes(b'{"label": "caf\xe9"}')
+    (out / "empty.json").write_text("")
+    with open(out / "sparse.json", "wb") as handle:
+        handle.truncate(1 << 34)  # 16 GiB on paper, no blocks: a size check must refuse it unread
+    (out / "dir.json").mkdir(exist_ok=True)
+    for name, target in (("link.json", out / "vllm.json"), ("zero.json", "/dev/zero"), ("loop.json", out / "loop.json")):
+        if not (out / name).is_symlink():
+            (out / name).symlink_to(target)
+    if not (out / "fifo.json").exists():
+        os.mkfifo(out / "fifo.json")
+    probes = [
+        ("--append-result to a new file", [*append, "new.json"], True, finite_json),
+        ("--append-result to a vLLM result file", [*append, "vllm.json"], True, finite_json),
+        ("--append-result to an empty file", [*append, "empty.json"], True, finite_json),
+        ("--append-result, two runs into one file", [*append, "two.json", "--sweep-batch", "4,8"], True, finite_json),
+        ("--save-result --request-rate inf --max-concurrency 4", [
+            "--save-result", "--result-dir", str(out), "--result-filename", "inf.json", "--request-rate", "inf",
+            "--max-concurrency", "4", "--percentile-metrics", "ttft,client_queue_time", *one], True, finite_json),
+        ("--save-result every option", ["--save-result", "--result-dir", str(out), "--result-filename", "all.json",
+                                        "--label", "run-1", "--result-date", "20260228-235959", "--metadata", "a=1",
+                                        "b=two words", "--percentile-metrics", "ttft,tpot,itl,e2el",
+                                        "--metric-percentiles", "50,99.9", "--save-detailed", *one], True,
+         finite_json),
+    ]
+    for file_name, say in (("trace.csv", "not a vLLM result"), ("list.json", "not a vLLM result"),
+                           ("deep.json", "nested"), ("latin1.json", "UTF-8"),
+                           ("sparse.json", "bytes"), ("dir.json", "directory"), ("link.json", "symlink"),
+                           ("zero.json", "symlink"), ("loop.json", "symlink"), ("fifo.json", "FIFO")):
+        probes.append((f"--append-result onto {file_name}", [*append, file_name], False, finite_json, say))
+    probes.append(("--save-result replacing a trace file", ["--save-result", "--result-dir", str(out),
+                                                           "--result-filename", "trace.csv", *one], False, finite_json,
+                   "not a vLLM result"))
+    probes.append(("--append-result onto /dev/null", ["--append-result", "--result-dir", "/dev", "--result-filename",
+                                                       "null", *one], False, finite_json, "character device"))
+    bad_values = {
+        "--request-rate": ["-inf", "Infinity", "1e400", "5,6"], "--sweep-rate": ["5,inf,-inf", "inf,inf"],
+        "--burstiness": ["0.0009", "1e7", "-inf", "", "1,2", "1e-320"],
+        "--max-concurrency": ["", "1e3", "1000001", "nan", "inf", "-0"],
+        "--percentile-metrics": ["TTFT", "ttft,", "client_queue_time", "x" * 300],
+        "--capacity-users": ["-1", "nan", "2.5", "x", "1000001"],
+        "--metadata": ["a=" + "v" * 300, "a\nb=1", "9=x", "=", "a b=1"],
+        "--label": ["", "..", "x" * 300, "."],
+        "--result-date": ["20260230-000000", "99999999-999999", "20260101-000000x", "", "2026-01-01 00:00:00"],
+        "--max-context": ["2.5", "nan", "1048577", "", "1"],
+        "--too-long": ["", "SKIP"],
+        "--result-dir": ["/dev/null", "/proc/self/fd"],
+    }
+    for option, values in bad_values.items():
+        needs = {"--label": ["--save-result", "--result-dir", str(out)], "--max-context": ["--trace", str(tmp / "good19.csv")],
+                 "--too-long": ["--trace", str(tmp / "good19.csv"), "--max-context", "512"],
+                 "--result-dir": ["--save-result"], "--metadata": ["--save-result", "--result-dir", str(out)],
+                 "--result-date": ["--save-result", "--result-dir", str(out)],
+                 "--percentile-metrics": ["--save-result", "--result-dir", str(out)],
+                 "--capacity-users": ["--slo-ttft-ms", "2000"]}.get(option, [])
+        probes += [(f"{option} {v[:40]!r}", [*needs, option, v, *one], False, finite_json) for v in values]
+    probes += [
+        ("--metadata of 51 pairs", ["--save-result", "--result-dir", str(out), "--metadata",
+                                    *[f"k{i}=v" for i in range(51)], *one], False, finite_json),
+        ("--metadata a key twice", ["--save-result", "--result-dir", str(out), "--metadata", "a=1", "a=2", *one],
+         False, finite_json),
+        ("--too-long skip without --max-context", ["--trace", str(tmp / "good19.csv"), "--too-long", "skip", "--json"],
+         False, finite_json),
+        ("--max-context 130 with --too-long clip", ["--trace", str(tmp / "good19.csv"), "--max-context", "130",
+                                                    "--too-long", "clip", "--json"], True, finite_json),
+        ("--sweep-rate 5,inf", ["--sweep-rate", "5,inf", *one], True, finite_json),
+        ("--burstiness 1e6", ["--burstiness", "1e6", *one], True, finite_json),
+        ("--burstiness 0.001", ["--burstiness", "0.001", *one], True, finite_json),
+        ("--capacity-users 1 with an SLO", ["--capacity-users", "1", "--slo-ttft-ms", "2000", *one], True,
+         finite_json),
+        ("--percentile-metrics twice the same", ["--save-result", "--result-dir", str(out), "--result-filename",
+                                                 "dup.json", "--percentile-metrics", "ttft,ttft", *one], False,
+         finite_json, "given twice"),
+        ("--seeds 3,3", ["--seeds", "3,3", "--num-requests", "30", "--json"], False, finite_json, "given twice"),
+        ("--sweep-batch 4,4", ["--sweep-batch", "4,4", *one], False, finite_json, "given twice"),
+        ("--sweep-rate 5,5.0", ["--sweep-rate", "5,5.0", *one], False, finite_json, "given twice"),
+    ]
+    return probes
+
+
+def cli_probes_since_19(tmp: Path):
+    """The flags, file formats and cost-model keys added since issue 19's round."""
+    probes = result_file_probes(tmp)
+    for name, path, options, ok in trace_formats_since_19(tmp):
+        probes.append((f"--trace {name}", ["--trace", str(path), *options, "--json"], ok, finite_json))
+    for i, (name, text, ok, *say) in enumerate(cost_documents_since_19()):
+        path = tmp / f"cost_since19_{i}.json"
+        path.write_text(text)
+        probes.append((f"cost model: {name}", ["--cost-model", str(path), *SMALL], ok, finite_json, *say))
+    return probes
+
+
 def run_pipe_probe():
     """--print-curve into a pipe whose reader has gone (`| head -1`): quiet, SIGPIPE's exit code."""
     read_end, write_end = os.pipe()
@@ -670,23 +994,31 @@ def run_cli_probes(tmp: Path, heavy: bool):
         probes.append(("ITL over 300,000 requests", ["--slo-itl-ms", "50", "--num-requests", "300000", "--seeds", "1",
                                                      "--sweep-batch", "64", "--json"], True, finite_json))
     outcomes = []
-    for name, argv, ok, figures in probes:
-        proc = run_forked(cli_entry, argv, timeout=900 if "300,000" in name else 180)
-        outcome = classify(proc, ok, figures)
-        if outcome == "works" and "--save-result" in argv:
+    finished = run_all(cli_entry, [argv for _, argv, *_ in probes],
+                       [900 if "300,000" in name else 180 for name, *_ in probes])
+    for (name, argv, ok, figures, *must_say), proc in zip(probes, finished):
+        outcome = classify(proc, ok, figures, must_say)
+        if outcome == "works" and ("--save-result" in argv or "--append-result" in argv):
             outcome = saved_result_outcome(argv)
         outcomes.append(("cli", name, outcome, proc.stderr.strip()[-300:] if proc else ""))
     return outcomes + run_pipe_probe()
 
 
 def saved_result_outcome(argv) -> str:
-    """A saved result must be a regular file holding valid JSON (no NaN or Infinity)."""
-    path = Path(argv[argv.index("--result-dir") + 1]) / argv[argv.index("--result-filename") + 1]
+    """A saved result must be a regular file whose every line is a JSON object (no NaN or Infinity):
+    the --result-filename, or every file in --result-dir when each run is named as vLLM names it."""
+    directory = Path(argv[argv.index("--result-dir") + 1])
+    paths = ([directory / argv[argv.index("--result-filename") + 1]] if "--result-filename" in argv
+             else list(directory.glob("*.json")))
     def refuse(name):
         raise ValueError(name)
     try:
-        return "works" if path.is_file() and not path.is_symlink() and json.loads(
-            path.read_text(), parse_constant=refuse) else "silent"
+        for path in paths:
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            if not (path.is_file() and not path.is_symlink() and lines
+                    and all(isinstance(json.loads(line, parse_constant=refuse), dict) for line in lines)):
+                return "silent"
+        return "works" if paths else "silent"
     except ValueError:
         return "silent"
 
@@ -773,7 +1105,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heavy", action="store_true", help="add the 300,000-request ITL probe")
     parser.add_argument("--details", action="store_true", help="print every probe that is not a clear error")
+    parser.add_argument("--jobs", type=int, default=1, help="probes run at once (each in its own process)")
     args = parser.parse_args()
+    global JOBS
+    JOBS = max(1, args.jobs)
     os.chdir(ROOT)
     # imported once here, so every forked probe starts warm
     import servingplan.cli  # noqa: F401

@@ -160,14 +160,19 @@ def percentile_value(text: str) -> float:
 
 
 def list_of(item_type):
-    """A comma-separated list of at most MAX_LIST_ITEMS items, each passing `item_type`."""
+    """A comma-separated list of at most MAX_LIST_ITEMS distinct items, each passing `item_type` (a rate,
+    cap or seed given twice would run its cells twice and count them as two seeds)."""
     def parse(text: str):
         items = text.split(",")
         if any(not item.strip() for item in items):
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list (empty item)")
         if len(items) > MAX_LIST_ITEMS:
             raise argparse.ArgumentTypeError(f"{len(items)} items: at most {MAX_LIST_ITEMS} allowed")
-        return [item_type(item.strip()) for item in items]
+        values = [item_type(item.strip()) for item in items]
+        twice = [item.strip() for item, value in zip(items, values) if values.count(value) > 1]
+        if twice:
+            raise argparse.ArgumentTypeError(f"{text!r}: {twice[0]!r} given twice; each item must differ")
+        return values
     return parse
 
 

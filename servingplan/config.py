@@ -323,6 +323,9 @@ def _check_trace(config: dict) -> list[str]:
     trace, workload = config["workload"].get("trace"), config["workload"]
     if trace is None:
         return []
+    if workload.get("burstiness") is not None:
+        raise ConfigError(f"config error: workload.burstiness = {workload['burstiness']!r}: shapes drawn arrivals; "
+                          "workload.trace replays the file's own, so remove one of them")
     reserved_context = config["memory"]["max_context"]
     limit = trace.get("max_context", reserved_context)
     if limit > reserved_context:

@@ -51,6 +51,12 @@ MAX_TABLE_BATCH = 1 << 20
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "costmodel.schema.json"
 # a cost model is a few hundred bytes; a profile's meta with every fit detail stays far below this
 MAX_FILE_BYTES = 1 << 20
+# the meta keys the pipeline reads (the rest of meta is provenance it carries along), and how close
+# another key's spelling must come to one of them to be taken for its misspelling (speed_bnad: 0.9,
+# profile_range: 0.96; the fit's own keys, machine_fingerprint or heldout_mape, stay far below)
+READ_META_KEYS = ("speed_band", "profiled_range")
+META_TYPO_SIMILARITY = 0.8
+BAND_KINDS = ("decode", "prefill")
 
 
 @dataclass(frozen=True)
@@ -192,9 +198,16 @@ def _section(d: dict, name: str) -> dict:
 
 def _check_speed_band(band) -> None:
     """meta.speed_band, which the capacity stage reads when present: per kind of call, the factors by
-    which the machine ran faster and slower than typical (servingplan.capacity.speed_band_models)."""
+    which the machine ran faster and slower than typical (servingplan.capacity.speed_band_models),
+    for both kinds or neither (the capacity stage uses a band only with both)."""
     if band is None:
         return
+    if isinstance(band, dict):
+        _check_meta_keys(band, "meta.speed_band", BAND_KINDS)
+    if isinstance(band, dict) and band and set(band) & set(BAND_KINDS) != set(BAND_KINDS):
+        missing = [kind for kind in BAND_KINDS if kind not in band]
+        raise ValueError(f"cost model meta.speed_band = {_short(band)}: has no {missing[0]}; give a band for both "
+                         f"{' and '.join(BAND_KINDS)} (the capacity stage uses one only with both) or neither")
     ok = isinstance(band, dict) and all(
         isinstance(band[kind], list) and len(band[kind]) == 2 and all(
             _is_number(v) and math.isfinite(v) and 0 < v <= MAX_COEFFICIENT_S for v in band[kind])
@@ -206,6 +219,26 @@ def _check_speed_band(band) -> None:
         if kind in band and band[kind][0] > band[kind][1]:
             raise ValueError(f"cost model meta.speed_band.{kind} = {band[kind]!r}: must be [fastest, slowest], the "
                              "smaller time factor first")
+
+
+def _check_profiled_range(ranges) -> None:
+    """meta.profiled_range, which serving_sim reads to warn of extrapolated step times: each range
+    [low, high] of token counts with low <= high (the schema checks the types and bounds)."""
+    for key, pair in (ranges or {}).items() if isinstance(ranges, dict) else ():
+        if isinstance(pair, list) and len(pair) == 2 and all(_is_number(v) for v in pair) and pair[0] > pair[1]:
+            raise ValueError(f"cost model meta.profiled_range.{key} = {pair!r}: must be [low, high], the smaller "
+                             "count first")
+
+
+def _check_meta_keys(meta: dict, where: str = "meta", read=READ_META_KEYS) -> None:
+    """meta is free-form provenance (and a speed band may carry kinds of call beside the two read), but
+    a key one or two letters from one the pipeline reads is that key misspelled: ignored, it would
+    silently drop the speed band, the profiled range or a band's decode or prefill."""
+    for key in meta:
+        nearest = difflib.get_close_matches(str(key), read, n=1, cutoff=META_TYPO_SIMILARITY)
+        if nearest and key != nearest[0]:
+            raise ValueError(f"cost model {where}.{key} is not a key the pipeline reads; did you mean "
+                             f"{where}.{nearest[0]}? (read: {', '.join(read)}; see schemas/costmodel.schema.json)")
 
 
 @lru_cache(maxsize=1)
@@ -266,8 +299,10 @@ def validate(d) -> None:
         if not isinstance(d.get(key, ""), str):
             raise ValueError(f"cost model {key} = {d[key]!r}: must be a string")
     if not isinstance(d.get("meta", {}), dict):
-        raise ValueError(f"cost model meta = {d['meta']!r}: must be an object")
+        raise ValueError(f"cost model meta = {_short(d['meta'])}: must be an object")
+    _check_meta_keys(d.get("meta", {}))
     _check_speed_band(d.get("meta", {}).get("speed_band"))
+    _check_profiled_range(d.get("meta", {}).get("profiled_range"))
     table = dec.get("batch_fixed_s", {"batches": [], "fixed_s": []})
     if not isinstance(table, dict) or not all(isinstance(table.get(k), list) for k in ("batches", "fixed_s")):
         raise ValueError(f"cost model decode.batch_fixed_s = {table!r}: must be an object with lists "

@@ -18,6 +18,12 @@ MAX_NAME_BYTES = 255
 # How deep a JSON document may nest: every document the project reads is at most 4 levels deep, and
 # Python's parser recurses once per level (a deep one would end in RecursionError).
 MAX_JSON_DEPTH = 32
+# A result file --save-result replaces or --append-result adds to: with --save-detailed a run holds its per-request lists, a
+# few hundred bytes per request, so a million-request run's file stays far below this.
+MAX_RESULT_BYTES = 1 << 30
+# The keys every vLLM result file holds (vllm/benchmarks/serve.py, benchmark_serving.py before it), and
+# so every line servingplan.vllm_result writes
+RESULT_FILE_KEYS = ("date", "request_rate")
 
 
 class InputError(ValueError):
@@ -119,7 +125,8 @@ def check_output_path(directory, filename: str, what: str, directory_what: str =
     """The path `filename` names inside the existing, writable `directory`, checked before any work:
     a plain file name (no folder part, so the file stays in its folder), at most MAX_NAME_BYTES long,
     and, if the file exists, a regular file (never a symlink or a device, which a write would replace
-    or write through)."""
+    or write through) holding results (check_result_lines): a trace or a cost model given by mistake
+    would be replaced, or corrupted by the line --append-result adds."""
     directory = Path(directory)
     if not filename or filename in (".", "..") or "/" in filename or "\0" in filename:
         raise InputError(f"{what} {filename!r}: must be a plain file name inside the result directory "
@@ -130,11 +137,49 @@ def check_output_path(directory, filename: str, what: str, directory_what: str =
     if not directory.is_dir():
         raise InputError(f"{directory_what} {str(directory)!r}: "
                          f"{'not a directory' if directory.exists() else 'no such directory'}")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise InputError(f"{directory_what} {str(directory)!r}: not writable")
+    _check_writable(directory, directory_what)
     path = directory / filename
     _check_replaceable(path, what)
+    if os.path.lexists(path):
+        check_result_lines(path, what)
     return path
+
+
+def _check_writable(directory: Path, what: str) -> None:
+    """A file can be created in `directory`: tried, since os.access says yes to root everywhere, even
+    where no file can be made (/proc, a read-only mount)."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"{what} {str(directory)!r}: not writable")
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-check-", suffix=".tmp")
+    except OSError as exc:
+        raise InputError(f"{what} {str(directory)!r}: no file can be created there ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_result_lines(path, what: str) -> int:
+    """The number of results in the existing file `path`, which --save-result replaces and
+    --append-result adds a line to: read as a regular UTF-8 file of at most MAX_RESULT_BYTES whose
+    every non-blank line is a JSON object holding RESULT_FILE_KEYS (NaN allowed: vLLM's json.dump
+    writes it for an undefined figure). Anything else (a trace, a cost model, a binary file) is
+    refused with one line before any run, instead of being replaced or having a line added to it."""
+    try:
+        text = read_text_input(path, what, MAX_RESULT_BYTES)
+    except InputError as exc:
+        raise InputError(f"{exc}; only a result file is replaced or appended to") from None
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    for number, line in lines:
+        try:
+            result = parse_json(line, f"line {number}")
+        except ValueError as exc:
+            raise InputError(f"{what} {str(path)!r}: exists and is not a vLLM result file ({exc}); only a result "
+                             "file is replaced or appended to") from None
+        if not isinstance(result, dict) or not set(RESULT_FILE_KEYS) <= set(result):
+            raise InputError(f"{what} {str(path)!r}: exists and is not a vLLM result file (line {number} is no JSON "
+                             f"object with {', '.join(RESULT_FILE_KEYS)}); only a result file is replaced or "
+                             "appended to")
+    return len(lines)
 
 
 def _check_replaceable(path: Path, what: str) -> None:

@@ -349,17 +349,19 @@ def _check_span(arrival_s: np.ndarray, path) -> None:
                          f"{MAX_TRACE_SPAN_S:g} s (about three years) allowed")
 
 
-def _timestamp(text: str, kind: str) -> float:
+def _timestamp(text: str, kind: str) -> tuple[float, bool | None]:
+    """(seconds, whether the date carries a UTC offset: None for seconds); NaN for a bad cell. A date
+    without an offset is read as UTC, as the Azure 2023 trace writes its dates."""
     if kind == "datetime":
         try:
             moment = datetime.fromisoformat(text)
         except ValueError:
-            return math.nan
-        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+            return math.nan, None
+        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp(), moment.tzinfo is not None
     try:
-        return float(text)
+        return float(text), None
     except ValueError:
-        return math.nan
+        return math.nan, None
 
 
 def load_trace(path, layout: str = "servingplan", columns: dict | None = None, timestamps: str | None = None,
@@ -385,6 +387,7 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
                                  "field needs its own column")
     arrivals, prompts, outputs = [], [], []
     rows = skipped = 0
+    first_offset = None  # (line, whether its date has a UTC offset) of the first dated row
     for line, record in _records(path):
         rows += 1
         if rows > MAX_TRACE_ROWS:
@@ -395,10 +398,16 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
                 raise ValueError(f"trace {path} line {line}: no column {mapping[field]!r} (the {field} of layout "
                                  f"{layout!r}; columns: {', '.join(record)})")
             cells[field] = record[mapping[field]].strip()
-        arrival = _timestamp(cells["arrival"], mapping["timestamps"])
+        arrival, offset = _timestamp(cells["arrival"], mapping["timestamps"])
         if not math.isfinite(arrival) or (mapping["timestamps"] == "seconds" and arrival < 0):
             raise ValueError(f"trace {path} line {line}: {mapping['arrival']} = {cells['arrival'] or '(blank)'}: "
                              f"must be a finite {'time >= 0' if mapping['timestamps'] == 'seconds' else 'ISO 8601 date'}")
+        # dates with and without an offset in one file: the ones without have no defined instant
+        first_offset = first_offset or (offset is not None and (line, offset))
+        if offset is not None and offset != first_offset[1]:
+            raise ValueError(f"trace {path} line {line}: {mapping['arrival']} = {cells['arrival']}: "
+                             f"{'has' if offset else 'has no'} UTC offset, line {first_offset[0]}'s date "
+                             f"{'has one' if first_offset[1] else 'has none'}; give every date an offset, or none")
         tokens = {}
         for field in ("prompt_tokens", "output_tokens"):
             count = _token_count(cells[field])

@@ -121,8 +121,12 @@ def test_a_cost_model_file_without_the_table_loads_as_the_line():
 
 
 def test_a_speed_band_in_meta_is_checked_where_the_model_enters():
-    document = CostModel(0.01, 0.0, 0.0, 0.0, 1e-5, meta={"speed_band": {"decode": [0.9, 1.2]}}).to_dict()
+    document = CostModel(0.01, 0.0, 0.0, 0.0, 1e-5, meta={"speed_band": {"decode": [0.9, 1.2],
+                                                                      "prefill": [0.95, 1.1]}}).to_dict()
     CostModel.from_dict(document)
+    # the capacity stage uses a band only with both kinds: one alone would be ignored
+    with pytest.raises(ValueError, match=r"^cost model meta.speed_band = .*: has no prefill"):
+        CostModel.from_dict({**document, "meta": {"speed_band": {"decode": [0.9, 1.2]}}})
     document["meta"]["speed_band"]["prefill"] = [0, "slow"]
     with pytest.raises(ValueError, match=r"^cost model meta.speed_band = .*: must be an object whose decode"):
         CostModel.from_dict(document)

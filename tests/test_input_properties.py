@@ -3,13 +3,12 @@ hostile values. Every case finishes (a hang guard stops one that does not), and 
 non-negative figures or is refused with one line and no traceback; no input file is changed."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
 import math
 import os
-import signal
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,9 @@ from servingplan.config import ConfigError
 from servingplan.serving.engine import request_problem
 from servingplan.sim import simulate
 
+import helpers
+from helpers import config_refused, one_line, set_path
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())
 # A case that has not finished by then is a hang, whatever the machine's speed.
@@ -32,23 +34,13 @@ FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthChe
                                                                       HealthCheck.function_scoped_fixture])
 
 
-@contextlib.contextmanager
-def hang_guard(seconds: int = HANG_S):
-    def stop(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: a hang")
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+def hang_guard():
+    return helpers.hang_guard(HANG_S)
 
 
 def assert_one_line(message: str) -> None:
     event("refused")
-    assert message.strip() and len(message.strip().splitlines()) == 1, message
-    assert "Traceback" not in message
+    one_line(message)
 
 
 def assert_figures(values) -> None:
@@ -131,11 +123,8 @@ def mutated(mutations) -> dict:
 def test_a_config_is_refused_in_one_line_or_runs_finite(mutations):
     config = mutated(mutations)
     with hang_guard():
-        try:
-            config_module.check(config)
-        except ConfigError as exc:
-            assert_one_line(str(exc))
-            assert str(exc).startswith("config error: ")
+        if config_refused(config):
+            event("refused")
             return
         trace = workload.generate({**config["workload"], "num_requests": min(config["workload"]["num_requests"], 200)},
                                   config["seed"])
@@ -280,6 +269,10 @@ def cli_files(tmp_path_factory):
     outdir = root / "out"
     outdir.mkdir()
     (outdir / "link.json").symlink_to(good_trace)
+    # what --append-result finds: a vLLM result file (added to), a trace and a FIFO (refused)
+    (outdir / "results.json").write_text(json.dumps({"date": "20260101-000000", "request_rate": 5.0}) + "\n")
+    (outdir / "notes.csv").write_text(good_trace.read_text())
+    os.mkfifo(outdir / "pipe.json")
     files.update(jsonl_trace=jsonl, burst_trace=burst, bom_trace=bom, deep_json=deep, typo_cost=typo)
     # paths the CLI must refuse or write into; never hashed (reading a FIFO would block)
     files["unhashed"] = {"fifo": fifo, "outdir": outdir, "missing_dir": root / "missing", "long_name": "x" * 300,
@@ -300,11 +293,11 @@ def resolve(argument: str, cli_files) -> str:
 OPTION_VALUES = {
     "--policies": ["static", "continuous,continuous_chunked", "fifo", ""],
     "--rate": ["5", "20", "0.001", "1e6", "0", "-1", "nan", "inf", "1e7", "x"],
-    "--sweep-rate": ["5,40", "1,,2", "0,5", "inf"],
+    "--sweep-rate": ["5,40", "1,,2", "0,5", "inf", "5,inf", "5,5.0"],
     "--max-num-seqs": ["1", "4", "65536", "0", "70000", "4.5"],
     "--sweep-batch": ["4,8", "0,4", "x", "1"],
     "--chunk-size": ["1", "512", "0", "2000000"],
-    "--seeds": ["1", "2", "0,3", "0", "-1", "101", "1,x", "1e12"],
+    "--seeds": ["1", "2", "0,3", "0", "-1", "101", "1,x", "1e12", "3,3"],
     "--num-requests": ["10", "50", "0", "-5", "1e12", "1000000000000", "nan"],
     "--slo-ttft-ms": ["2000", "0", "-3", "nan", "1e10"],
     "--slo-tpot-ms": ["12", "0", "inf"],
@@ -317,7 +310,13 @@ OPTION_VALUES = {
     "--curve-context": ["1", "2000", "0", "2000000"],
     "--workload": ["exercise2", "capstone", "no_such.csv", "@trace", "@bad_trace"],
     "--cost-model": ["exercise2", "@cost", "@negative_cost", "no_such.json", "@fifo", "@deep_json", "@typo_cost"],
-    "--request-rate": ["5", "0", "nan"],
+    "--request-rate": ["5", "0", "nan", "inf", "-inf", "Infinity"],
+    "--burstiness": ["0.001", "1e6", "inf", "0.0009", "1e7", ""],
+    "--max-concurrency": ["1", "4", "1000001", "-0", "inf"],
+    "--percentile-metrics": ["ttft,tpot,itl,e2el", "client_queue_time", "TTFT"],
+    "--capacity-users": ["1", "-1", "nan"],
+    "--metadata": ["a=1", "9=x", "a=" + "v" * 300],
+    "--result-date": ["20260228-235959", "20260230-000000", ""],
     "--num-prompts": ["10", "40", "0", "1e12"],
     "--trace": ["@trace", "@bad_trace", "@jsonl_trace", "@burst_trace", "@bom_trace", "@fifo", "@outdir", "none.csv"],
     "--trace-layout": ["servingplan", "azure", "burstgpt", "sharegpt"],
@@ -328,15 +327,16 @@ OPTION_VALUES = {
     "--goodput": ["ttft:2000", "tpot:12", "e2el:30000", "ttft:0", "x:5", "tpot"],
     "--metric-percentiles": ["99", "50,90,99", "101", "nan", ""],
     "--result-dir": ["@outdir", "@missing_dir", "@trace"],
-    "--result-filename": ["r.json", "../x.json", "@long_name", "@link_name", ""],
+    "--result-filename": ["r.json", "../x.json", "@long_name", "@link_name", "", "results.json", "notes.csv",
+                          "pipe.json"],
     "--save-result": [None],
     "--save-detailed": [None],
     "--print-curve": [None],
     "--json": [None],
     "--append-result": [None],
-    "--label": ["run1", "a/b", ""],
-    "--max-context": ["512", "0", "1e12", "x"],
-    "--too-long": ["skip", "clip", "truncate"],
+    "--label": ["run1", "a/b", "", "..", "x" * 300],
+    "--max-context": ["512", "0", "1e12", "x", "2.5", "1048577"],
+    "--too-long": ["skip", "clip", "truncate", "SKIP"],
 }
 
 
@@ -355,7 +355,8 @@ def cli_arguments(draw):
     for option in options:
         value = draw(st.sampled_from(OPTION_VALUES[option]))
         argv += [option] if value is None else [option, value]
-    if "--save-result" in argv and "--result-dir" not in argv:
+    # a result file goes to the fixture's folder, never the working directory (the default)
+    if ("--save-result" in argv or "--append-result" in argv) and "--result-dir" not in argv:
         argv += ["--result-dir", "@outdir"]
     return argv
 
@@ -378,7 +379,9 @@ def test_cli_arguments_are_refused_in_one_line_or_give_finite_figures(capsys, cl
             code = exit_.code
     out, err = capsys.readouterr()
     assert digest(hashed(cli_files)) == before
-    assert (cli_files["unhashed"]["outdir"] / "link.json").is_symlink()
+    outdir = cli_files["unhashed"]["outdir"]
+    assert (outdir / "link.json").is_symlink() and stat.S_ISFIFO(os.lstat(outdir / "pipe.json").st_mode)
+    assert (outdir / "notes.csv").read_text() == cli_files["trace"].read_text()
     if code != 0:
         assert code == 2 and out == ""
         assert_one_line(err)
@@ -392,6 +395,19 @@ def test_cli_arguments_are_refused_in_one_line_or_give_finite_figures(capsys, cl
         raise AssertionError(f"{name} in the JSON output")
     for row in json.loads(out, parse_constant=refuse_constant):
         assert_figures(row.values())
+    assert_result_files(cli_files["unhashed"]["outdir"])
+
+
+def assert_result_files(directory: Path) -> None:
+    """Every result file in `directory` a regular file of JSON objects, one a line, without NaN or
+    Infinity (the lists of --save-detailed included)."""
+    for path in directory.glob("*.json"):
+        if path.is_symlink() or not path.is_file():
+            continue  # the fixture's link and FIFO, which no run may replace (checked by the caller)
+        for line in path.read_text().splitlines():
+            saved = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {path.name}"))
+            assert isinstance(saved, dict)
+            assert_figures(saved.values())
 
 
 # -- load shapes and vLLM's result file (issue 21) --------------------------------------------------------
@@ -438,10 +454,7 @@ def test_load_shape_and_result_options_are_refused_in_one_line_or_give_finite_fi
         return
     for row in json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON output")):
         assert_figures(row.values())
-    for path in results.glob("*.json"):
-        for line in path.read_text().splitlines():
-            saved = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {path.name}"))
-            assert_figures(v for v in saved.values() if not isinstance(v, (list, dict)))
+    assert_result_files(results)
 
 
 # -- engine request mixes ---------------------------------------------------------------------------------
@@ -529,24 +542,6 @@ def typo(key: str):
 CONFIG_PATHS = [(path, node) for path, node in schema_paths(CONFIG_SCHEMA) if path]
 
 
-def set_path(document, path, value) -> None:
-    """Set `path` in `document`, creating the objects (or the one-item lists) it passes through."""
-    node = document
-    for key, following in zip(path[:-1], path[1:]):
-        if isinstance(node, list):
-            while len(node) <= key:
-                node.append({})
-            node = node[key]
-            continue
-        if not isinstance(node.get(key), (dict, list)):
-            node[key] = [] if isinstance(following, int) else {}
-        node = node[key]
-    if isinstance(node, list):
-        while len(node) <= path[-1]:
-            node.append({})
-    node[path[-1]] = value
-
-
 @st.composite
 def schema_mutation(draw):
     path, node = draw(st.sampled_from(CONFIG_PATHS))
@@ -563,11 +558,8 @@ def test_every_config_key_of_the_schema_is_refused_in_one_line_or_checks(mutatio
     for path, value, _ in mutations:
         set_path(config, path, value)
     with hang_guard():
-        try:
-            config_module.check(config)
-        except ConfigError as exc:
-            assert_one_line(str(exc))
-            assert str(exc).startswith("config error: ")
+        if config_refused(config):
+            event("refused")
             return
     event("checked")
     # a misspelled key that survives the check would be a key silently ignored
@@ -622,6 +614,12 @@ def test_every_cost_model_key_of_the_schema_is_refused_in_one_line_or_loads(tmp_
 ARRIVAL = mostly(st.one_of(st.floats(0, 1e4), st.sampled_from([0.0, 1e-320, 5e-7, 1e-6, 1e8])),
                  st.sampled_from([1e300, -1.0, math.nan, math.inf, "x", "", None, True, [1]]), one_in=12)
 TOKENS = mostly(st.integers(1, 2000), st.sampled_from([0, -1, 2**21, 1.5, "7", "", None, [3], {"a": 1}]), one_in=12)
+DATE = mostly(
+    st.builds(lambda second, digits, offset: f"2024-05-10 00:{second // 60:02d}:{second % 60:02d}.{digits}{offset}",
+              st.integers(0, 3599), st.sampled_from(["0", "009930", "6805900"]),
+              st.sampled_from(["", "+00:00", "-07:00"])),
+    st.sampled_from(["2023-02-30 00:00:00", "0001-01-01 00:00:00", "9999-12-31 23:59:59", "12", "", "yesterday",
+                     "2024-05-10T00:00:00Z", "2024-05-10 25:00:00"]), one_in=8)
 
 
 @st.composite
@@ -637,13 +635,19 @@ def trace_documents(draw):
                                        min_size=1))
         kwargs["columns"] = mapping
         names.update(mapping)
-    kwargs["timestamps"] = "seconds"
+    # dates as the Azure traces write them (2023: seven fraction digits; 2024: a UTC offset), or seconds
+    dated = draw(st.integers(0, 2)) == 0
+    kwargs["timestamps"] = "datetime" if dated else "seconds"
     if draw(st.integers(0, 3)) == 0:
         kwargs["rate"] = draw(st.sampled_from([0.5, 5.0, 1e-9, 1e5]))
-    rows = draw(st.lists(st.tuples(ARRIVAL, TOKENS, TOKENS), max_size=8))
+    rows = draw(st.lists(st.tuples(DATE if dated else ARRIVAL, TOKENS, TOKENS), max_size=8))
     header = [names["arrival"], names["prompt_tokens"], names["output_tokens"]]
     if draw(st.integers(0, 8)) == 0:
         header = draw(st.sampled_from([header + [header[1]], header[:2], [header[0], header[0], header[2]]]))
+    if layout == "burstgpt" and len(header) == 3 and draw(st.booleans()):
+        # BurstGPT's own file: Model, Total tokens and Log Type beside the three read
+        header = [header[0], "Model", header[1], header[2], "Total tokens", "Log Type"]
+        rows = [(row[0], "ChatGPT", row[1], row[2], 0, "Conversation log") for row in rows]
     if draw(st.booleans()):
         lines = [{column: value for column, value in zip(header, row)} for row in rows]
         text = "".join(json.dumps(line) + "\n" for line in lines)
@@ -685,3 +689,84 @@ def test_every_trace_format_is_refused_in_one_line_or_replays_finite(tmp_path, d
             summary = metrics.summarize(simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512),
                                         metrics.SLO(ttft_ms=1000))
             assert_figures(summary.values())
+
+
+# -- hardware targets: kind and launch overhead, on every target of the list -----------------------------
+
+TARGET_SCHEMA = CONFIG_SCHEMA["properties"]["hardware"]["items"]
+
+
+@st.composite
+def hardware_targets(draw):
+    """0 to 9 targets, each valid but for a kind and launch_overhead_ms drawn from the schema's allowed
+    values and hostile ones, present or absent, in any combination."""
+    targets = []
+    for i in range(draw(st.integers(0, 9))):
+        target = {"name": f"t{i}", "bandwidth_gbs": draw(st.sampled_from([0.1, 320.0, 100000])),
+                  "gflops": draw(st.sampled_from([0.1, 8100.0, 10000000]))}
+        for key in ("kind", "launch_overhead_ms"):
+            if draw(st.booleans()):
+                target[key] = draw(values_for(TARGET_SCHEMA["properties"][key]))
+        targets.append(target)
+    return targets
+
+
+@FAST
+@given(hardware_targets())
+def test_hardware_kind_and_launch_overhead_are_refused_in_one_line_or_carry_over_finite(targets):
+    from servingplan import hardware
+    with hang_guard():
+        if config_refused({**copy.deepcopy(QUICK), "hardware": targets}):
+            event("refused")
+            return
+        event("checked")
+        arch = architecture.architecture(QUICK["model"])
+        here = {"name": "here", "bandwidth_gbs": 20.0, "gflops": 100.0}
+        for target in targets:
+            model, rows = hardware.carry_over(costmodel.EXERCISE2, arch, here, target)
+            overhead = hardware.launch_overhead_s(target)
+            assert math.isfinite(overhead) and overhead >= 0
+            assert target.get("kind", "cpu") == "gpu" or overhead == 0
+            for row in rows:
+                assert math.isfinite(row["seconds_target"]) and row["seconds_target"] >= row["floor_target_s"] >= 0
+            assert model.decode_fixed_s >= overhead and model.prefill_fixed_s >= overhead
+
+
+# -- what --save-result and --append-result find at the output path -----------------------------------------
+
+EXISTING_RESULT = st.sampled_from([
+    None,  # no file yet
+    b"",
+    json.dumps({"date": "20260101-000000", "request_rate": 5.0, "completed": 3}).encode() + b"\n",
+    # vLLM's json.dump writes NaN for an undefined figure: such a file is a result file all the same
+    b'{"date": "20260101-000000", "request_rate": 5.0, "mean_ttft_ms": NaN}',
+    b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n",
+    b"[1, 2]", b'{"date": "x"}', b"\xff\xfe{}", b"[" * 3000 + b"]" * 3000, b'{"date": 1, "date": 2}',
+])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(EXISTING_RESULT, st.sampled_from(["--save-result", "--append-result"]), st.sampled_from([None, "2", "1"]))
+def test_a_result_file_is_written_only_onto_a_result_file(capsys, tmp_path_factory, existing, flag, seeds):
+    directory = tmp_path_factory.mktemp("existing")
+    path = directory / "out.json"
+    if existing is not None:
+        path.write_bytes(existing)
+    argv = [flag, "--result-dir", str(directory), "--result-filename", "out.json", "--num-requests", "20", "--json",
+            "--seeds", seeds or "1"]
+    with hang_guard():
+        code = main(argv)
+    out, err = capsys.readouterr()
+    if code != 0:
+        assert code == 2
+        assert_one_line(err)
+        assert path.read_bytes() == existing if existing is not None else not path.exists()
+        return
+    event("written")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [] if not existing or flag == "--save-result" else [line for line in existing.decode().splitlines()
+                                                               if line.strip()]
+    assert lines[:len(kept)] == kept and len(lines) == len(kept) + int(seeds or 1)
+    for line in lines[len(kept):]:
+        assert_figures(json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} written")).values())

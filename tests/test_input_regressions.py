@@ -3,13 +3,11 @@ impossible numbers now works or is refused with one line naming the input, the v
 allowed."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +23,8 @@ from servingplan.config import ConfigError
 from servingplan.report.text import markdown_text
 from servingplan.sim import simulate
 
+from helpers import config_refused, hang_guard
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "serving_sim.py"
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
@@ -33,10 +33,8 @@ HEADER = "arrival_s,prompt_tokens,output_tokens\n"
 
 
 def refusal(config: dict) -> str:
-    with pytest.raises(ConfigError) as caught:
-        config_module.check(config)
-    message = str(caught.value)
-    assert len(message.splitlines()) == 1
+    message = config_refused(config)
+    assert message is not None, "accepted"
     return message
 
 
@@ -299,18 +297,9 @@ def test_config_validation_runs_as_a_user_runs_it(tmp_path):
 # == issue 19: the inputs added since issue 12 ===========================================================
 
 
-@contextlib.contextmanager
-def no_hang(seconds: int = 60):
-    """A case still running after `seconds` raises instead of blocking the suite (a FIFO would)."""
-    def stop(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: a hang")
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+def no_hang():
+    """A case still running after a minute raises instead of blocking the suite (a FIFO would)."""
+    return hang_guard(60)
 
 
 def trace_config(path, **trace) -> dict:
@@ -690,3 +679,158 @@ def test_a_length_key_its_dist_does_not_read_is_refused():
     config["workload"]["prompt"]["value"] = 10**12
     assert refusal(config).startswith("config error: workload.prompt.value = 1000000000000: not read with dist "
                                       "uniform")
+
+
+# == the keys, flags and file formats added since issue 19, found by the probe runner ======================
+
+def saved_run(tmp_path, *argv) -> tuple[int, str, str]:
+    """The CLI run in-process with a small workload: (exit code, stdout, stderr)."""
+    try:
+        code = main([*argv, "--num-requests", "20", "--json"])
+    except SystemExit as exit_:
+        code = exit_.code
+    return code
+
+
+@pytest.mark.parametrize("meta, meant", [
+    ({"speed_bnad": {"decode": [0.9, 1.2], "prefill": [0.9, 1.1]}}, "meta.speed_band"),
+    ({"profiled_rnage": {"prompt_tokens": [16, 512], "context_tokens": [17, 1024]}}, "meta.profiled_range"),
+    ({"speed_band": {"decdoe": [0.9, 1.2], "prefill": [0.9, 1.1]}}, "meta.speed_band.decode"),
+    ({"profiled_range": {"prompt_token": [16, 512], "context_tokens": [17, 1024]}}, "meta.profiled_range.prompt_tokens"),
+])
+def test_a_misspelled_meta_key_the_pipeline_reads_names_the_key_meant(tmp_path, capsys, meta, meant):
+    """meta is free-form, so a misspelled speed_band or profiled_range was dropped without a word: the
+    capacity stage lost its speed band, serving_sim its extrapolation warning."""
+    path = cost_file(tmp_path, meta=meta)
+    assert f"did you mean {meant}?" in cli_error(capsys, "--cost-model", path, "--print-curve")
+    config = {**copy.deepcopy(QUICK), "costmodel": {"source": path}, "hardware": []}
+    assert f"did you mean {meant}?" in refusal(config)
+
+
+def test_the_fits_own_meta_keys_are_no_misspelling():
+    """The fit's provenance keys stay far from the keys the pipeline reads."""
+    meta = {"machine_fingerprint": "abc", "profile_wall_time_s": 3.0, "tiny_model": False, "r2": {}, "heldout_mape": 0.1,
+            "heldout_mape_line_only": 0.1, "round_mape": 0.1, "mape_goal": 0.05, "goal_met": False,
+            "speed_band": {}, "profiled_range": {"prompt_tokens": [16, 512], "context_tokens": [1, 768]}}
+    costmodel.validate({**costmodel.EXERCISE2.to_dict(), "meta": meta})
+
+
+def test_a_speed_band_of_one_kind_is_refused(tmp_path, capsys):
+    """The capacity stage uses a band only with both kinds: one alone was ignored silently."""
+    path = cost_file(tmp_path, meta={"speed_band": {"decode": [0.9, 1.2]}})
+    assert "has no prefill" in cli_error(capsys, "--cost-model", path, "--print-curve")
+
+
+@pytest.mark.parametrize("ranges, says", [
+    ({"prompt_tokens": [512, 16], "context_tokens": [1, 768]}, "the smaller count first"),
+    ({"prompt_tokens": [16, 512], "context_tokens": [1.5, 768]}, "is not of type 'integer'"),
+    ({"prompt_tokens": [16, 512]}, "'context_tokens' is a required property"),
+])
+def test_a_bad_profiled_range_is_refused_where_the_cost_model_enters(tmp_path, capsys, ranges, says):
+    """costmodel.source accepted a profiled_range serving_sim refuses; now both refuse it on reading."""
+    path = cost_file(tmp_path, meta={"profiled_range": ranges})
+    assert says in refusal({**copy.deepcopy(QUICK), "costmodel": {"source": path}, "hardware": []})
+    assert says in cli_error(capsys, "--cost-model", path, "--print-curve")
+
+
+def test_burstiness_with_a_trace_file_is_refused(tmp_path):
+    """A trace keeps its own arrivals, so workload.burstiness was ignored without a word (the CLI
+    refuses --burstiness with --trace)."""
+    config = trace_config(trace_file(tmp_path, "".join(f"{i / 6:.4f},{20 + i},9\n" for i in range(30))))
+    config["workload"]["burstiness"] = 2.0
+    assert "workload.burstiness = 2.0: shapes drawn arrivals" in refusal(config)
+    del config["workload"]["burstiness"]
+    config["workload"]["max_concurrency"] = 4
+    assert config_refused(config) is None
+
+
+@pytest.mark.parametrize("content, says", [
+    (HEADER.encode() + b"0,10,5\n", "not a vLLM result file (line 1: not a JSON document"),
+    (b"[1, 2, 3]", "line 1 is no JSON object with date, request_rate"),
+    (json.dumps(costmodel.EXERCISE2.to_dict()).encode(), "line 1 is no JSON object with date, request_rate"),
+    (b'{"label": "caf\xe9"}', "not UTF-8"),
+    (b"[" * 50_000 + b"]" * 50_000, "nested deeper than 32 levels"),
+])
+@pytest.mark.parametrize("flag", ["--append-result", "--save-result"])
+def test_a_file_that_is_no_result_file_is_neither_appended_to_nor_replaced(tmp_path, capsys, monkeypatch, content,
+                                                                          says, flag):
+    """--append-result added a JSON line to whatever the file was (a trace, a cost model), after the whole
+    simulation; a file that is not UTF-8 ended in a UnicodeDecodeError. Now it is refused first."""
+    import servingplan.cli as cli
+    monkeypatch.setattr(cli, "run_cells", lambda *a, **k: pytest.fail("simulated before checking the output file"))
+    path = tmp_path / "out.json"
+    path.write_bytes(content)
+    err = cli_error(capsys, flag, "--result-dir", str(tmp_path), "--result-filename", "out.json", "--seeds", "1")
+    assert says in err and "only a result file is replaced or appended to" in err, err
+    assert path.read_bytes() == content
+
+
+def test_a_result_file_of_16_gib_is_refused_unread(tmp_path, capsys):
+    path = tmp_path / "big.json"
+    with open(path, "wb") as handle:
+        handle.truncate(1 << 34)
+    err = cli_error(capsys, "--append-result", "--result-dir", str(tmp_path), "--result-filename", "big.json",
+                    "--seeds", "1")
+    assert "17,179,869,184 bytes, at most 1,073,741,824 allowed" in err
+
+
+def test_append_result_keeps_a_vllm_file_and_adds_one_line_per_run(tmp_path, capsys):
+    """vLLM's json.dump writes NaN for an undefined figure: its file is still one to append to."""
+    path = tmp_path / "vllm.json"
+    previous = '{"date": "20260101-000000", "backend": "vllm", "request_rate": 5.0, "mean_ttft_ms": NaN}'
+    path.write_text(previous)
+    assert saved_run(tmp_path, "--append-result", "--result-dir", str(tmp_path), "--result-filename", "vllm.json",
+                     "--seeds", "2") == 0
+    capsys.readouterr()
+    lines = path.read_text().splitlines()
+    assert lines[0] == previous and len(lines) == 3
+    for line in lines[1:]:
+        json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} written"))
+
+
+def test_a_result_dir_where_no_file_can_be_created_is_refused_first(tmp_path, capsys, monkeypatch):
+    """os.access says yes to root in /proc/self/fd, where no file can be made: the run simulated, then
+    died writing. The directory is now tried with a file created and removed before any run."""
+    import servingplan.cli as cli
+    monkeypatch.setattr(cli, "run_cells", lambda *a, **k: pytest.fail("simulated before checking the output path"))
+    err = cli_error(capsys, "--save-result", "--result-dir", "/proc/self/fd", "--seeds", "1")
+    assert "--result-dir '/proc/self/fd': no file can be created there" in err or "not writable" in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option, value", [("--sweep-rate", "inf,inf"), ("--sweep-rate", "5,5.0"), ("--seeds", "3,3"),
+                                           ("--sweep-batch", "4,4"), ("--percentile-metrics", "ttft,ttft")])
+def test_a_list_item_given_twice_is_refused(capsys, option, value):
+    """--sweep-rate inf,inf ran its cell twice and reported the one seed as 2 seeds."""
+    extra = ["--save-result", "--result-dir", "/tmp"] if option == "--percentile-metrics" else []
+    err = cli_error(capsys, option, value, *extra)
+    assert f"argument {option}: {value!r}: " in err and "given twice; each item must differ" in err
+
+
+def test_trace_dates_with_and_without_a_utc_offset_are_refused(tmp_path, capsys):
+    """A date without an offset is read as UTC; beside dates with one, the file's timeline was silently
+    reordered (+14:00 put the second request 14 hours before the first)."""
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00,10,5\n"
+                    "2024-05-10 00:00:01+14:00,12,6\n")
+    err = cli_error(capsys, "--trace", str(path), "--trace-layout", "azure")
+    assert "line 3: TIMESTAMP = 2024-05-10 00:00:01+14:00: has UTC offset, line 2's date has none" in err
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00+00:00,10,5\n"
+                    "2024-05-10 00:00:01-07:00,12,6\n")
+    loaded = workload.load_trace(path, "azure")
+    assert list(loaded.trace.arrival_s) == [0.0, 7 * 3600 + 1.0]
+
+
+def test_azure_2023_and_2024_dates_and_burstgpt_rows_read_as_their_data_sets_write_them(tmp_path):
+    azure23, azure24, burst = tmp_path / "a23.csv", tmp_path / "a24.csv", tmp_path / "b.csv"
+    azure23.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                       "2023-11-16 18:15:50.9951690,396,109\n")
+    azure24.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,2162,5\n"
+                       "2024-05-10 00:00:00.018005+00:00,4020,5\n")
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "5,ChatGPT,472,18,490,Conversation log\n45,ChatGPT,1087,0,1087,Conversation log\n"
+                     "118,GPT-4,417,276,693,API log\n")
+    assert workload.load_trace(azure23, "azure").trace.arrival_s[1] == pytest.approx(4.314579)
+    assert workload.load_trace(azure24, "azure").trace.arrival_s[1] == pytest.approx(0.008075)
+    loaded = workload.load_trace(burst, "burstgpt")
+    assert loaded.skipped_zero_tokens == 1 and list(loaded.trace.arrival_s) == [0.0, 113.0]

@@ -1,0 +1,63 @@
+"""What the input tests and the probe runner (benchmarks/input_probes.py) share: setting a key deep in a
+config or cost-model document, a guard that turns a hang into a failure, and the check that a config
+is refused in one line or passes. Imported as `helpers`: pytest puts tests/ on the path, the probe
+runner puts it there itself."""
+from __future__ import annotations
+
+import contextlib
+import signal
+
+
+def set_path(document, path, value):
+    """Set `path` (keys, and list indexes) in `document`, creating the objects (or the lists, padded
+    with empty objects) it passes through; return `document`."""
+    node = document
+    for key, following in zip(path[:-1], path[1:]):
+        if isinstance(node, list):
+            while len(node) <= key:
+                node.append({})
+            node = node[key]
+            continue
+        if not isinstance(node.get(key), (dict, list)):
+            node[key] = [] if isinstance(following, int) else {}
+        node = node[key]
+    if isinstance(node, list):
+        while len(node) <= path[-1]:
+            node.append({})
+    node[path[-1]] = value
+    return document
+
+
+@contextlib.contextmanager
+def hang_guard(seconds: int):
+    """A block still running after `seconds` raises TimeoutError (a FIFO or an endless loop would block
+    the suite instead)."""
+    def stop(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def one_line(message: str) -> str:
+    """`message` when it is one line without a traceback; AssertionError otherwise."""
+    assert message.strip() and len(message.strip().splitlines()) == 1, message
+    assert "Traceback" not in message, message
+    return message
+
+
+def config_refused(config) -> str | None:
+    """The one-line refusal servingplan.config.check gives `config` (starting "config error: "), or None
+    when it passes; AssertionError for any other outcome (several lines, another exception)."""
+    from servingplan import config as config_module
+    try:
+        config_module.check(config)
+    except config_module.ConfigError as exc:
+        message = one_line(str(exc))
+        assert message.startswith("config error: "), message
+        return message
+    return None
