@@ -61,3 +61,18 @@ def config_refused(config) -> str | None:
         assert message.startswith("config error: "), message
         return message
     return None
+
+
+def require_llamacpp(present: bool, message: str) -> None:
+    """Skip a llama.cpp test whose build or sources are absent, unless the run says it built them
+    (SERVINGPLAN_REQUIRE_LLAMACPP=1, set by a CI that runs `make llamacpp` first): then absence fails.
+    CI does not build llama.cpp yet (about 40 minutes on a fresh 2-core machine: issue 22 is open)."""
+    import os
+
+    import pytest
+
+    if present:
+        return
+    if os.environ.get("SERVINGPLAN_REQUIRE_LLAMACPP") == "1":
+        pytest.fail(message + " (this run requires the llama.cpp build)")
+    pytest.skip(message)

@@ -1,22 +1,18 @@
 """End to end: the tiny GGUF model served by the pinned llama-server, a few requests from the streaming
-client, every token counted. Skipped only where the build folder is absent; under CI=true that fails."""
-import os
+client, every token counted. Skipped only where the build folder is absent; where a run requires the build (SERVINGPLAN_REQUIRE_LLAMACPP=1) that fails."""
 import sys
 import textwrap
 
 import pytest
 
+from helpers import require_llamacpp
 from servingplan.llamacpp import build
 from servingplan.llamacpp.client import random_prompts, run_trace, summarize
 from servingplan.llamacpp.server import LlamaServer
 
 
 def need_build():
-    if not build.built():
-        message = f"llama.cpp build absent ({build.build_dir()}): run `make llamacpp`"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (CI builds it first)")
-        pytest.skip(message)
+    require_llamacpp(build.built(), f"llama.cpp build absent ({build.build_dir()}): run `make llamacpp`")
 
 
 @pytest.fixture(scope="module")

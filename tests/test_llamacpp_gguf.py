@@ -1,20 +1,16 @@
 """GGUF conversion of the seeded GPT-2 with the pinned sdist's converter, on the tiny test model.
-Needs the unpacked sdist (`make llamacpp`): skipped where it is absent, failed instead under CI=true."""
-import os
+Needs the unpacked sdist (`make llamacpp`): skipped where it is absent, failed instead where a run requires the build (SERVINGPLAN_REQUIRE_LLAMACPP=1)."""
 import sys
 
 import pytest
 
+from helpers import require_llamacpp
 from servingplan.llamacpp import build
 from servingplan.llamacpp.gguf_model import TINY_OVERRIDES, make_gguf, synthetic_tokenizer
 
 
 def need_sources():
-    if not (build.source_dir() / "convert_hf_to_gguf.py").is_file():
-        message = f"llama.cpp sources absent ({build.source_dir()}): run `make llamacpp`"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (CI builds it first)")
-        pytest.skip(message)
+    require_llamacpp((build.source_dir() / "convert_hf_to_gguf.py").is_file(), f"llama.cpp sources absent ({build.source_dir()}): run `make llamacpp`")
 
 
 def test_the_synthetic_tokenizer_has_exactly_the_model_vocabulary():

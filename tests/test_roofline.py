@@ -94,7 +94,8 @@ def test_the_profiler_the_fit_and_the_carry_over_read_one_floor_per_term():
     assert batch_row["roofline_here_s"] == floors.batch(4)
     # the profiler's floor of a decode point: the same terms' work summed over the call's units
     point = measure.GridPoint("decode", 4, 1, 256)
-    row = measure._point_row(0, point, _one_sample(), GPT2, peak)
+    samples = _one_sample()
+    row = measure._point_row(0, point, samples, GPT2, peak, samples.assign(superseded=False), planned_rounds=1)
     work = roofline.term_work(GPT2)
     assert row["flops"] == pytest.approx(4 * work["decode_per_seq_s"].flops + 4 * 256 * work["decode_per_ctx_token_s"].flops)
     assert row["bytes"] == pytest.approx(work["decode_fixed_s"].bytes + 4 * work["decode_per_seq_s"].bytes
