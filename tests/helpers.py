@@ -16,10 +16,11 @@ def set_path(document, path, value):
         if isinstance(node, list):
             while len(node) <= key:
                 node.append({})
-            node = node[key]
-            continue
-        if not isinstance(node.get(key), (dict, list)):
-            node[key] = [] if isinstance(following, int) else {}
+        # a container of the kind the next key indexes: an earlier draw may have left the other kind here
+        kind = list if isinstance(following, int) else dict
+        current = node[key] if isinstance(node, list) else node.get(key)
+        if not isinstance(current, kind):
+            node[key] = kind()
         node = node[key]
     if isinstance(node, list):
         while len(node) <= path[-1]:
