@@ -562,16 +562,20 @@ def _option(row: dict, slo: dict, cost_cfg: dict, demand: float, price: float, m
             "cap": row["max_num_seqs"], "stable": stable, "verdicts": verdicts,
             "usd_per_1k": {"value": cost_value if cost_value is not None else dollars[1],
                            "low": dollars[0], "high": dollars[1]},
-            "meets_all": not misses, "misses": misses}
+            "meets_all": not misses, "misses": misses,
+            # the one-machine speed-up that would meet both latency targets: among options that miss as
+            # much at no defined cost, the nearer one is the one needing the least (as `recommend` judges)
+            "speedup_needed": row.get("speedup_needed")}
 
 
 def _rank(option: dict) -> tuple:
     """The decision's order: options meeting all four targets first; then every option with a defined
     cost before any without (one that does not keep up); then the fewest targets missed; then the
-    cheapest at the dear end of its dollars; then the fewest replicas."""
+    cheapest at the dear end of its dollars; then the smallest speed-up needed; then the fewest replicas."""
     high = option["usd_per_1k"]["high"]
+    speedup = option.get("speedup_needed")
     return (not option["meets_all"], high is None, len(option["misses"]), math.inf if high is None else high,
-            option["replicas"], option.get("machine", ""), option["policy"], option["cap"], option["router"] or "")
+            math.inf if speedup is None else speedup, option["replicas"], option.get("machine", ""), option["policy"], option["cap"], option["router"] or "")
 
 
 def _as_interval(values: list[float], value: float) -> dict:
