@@ -1,4 +1,16 @@
-"""The capstone report: HTML and Markdown rendered from the result files of one pipeline run."""
-from servingplan.report.render import write_report
+"""The capstone report: HTML and Markdown rendered from the result files of one pipeline run.
 
-__all__ = ["write_report"]
+write_report is loaded on first use (PEP 562): the Snakefile reads the display names
+(servingplan.report.names) while it is parsed, once per snakemake process, and a cluster job starts two
+of those; loading the renderer with them would load matplotlib each time (about a second of CPU).
+"""
+from importlib import import_module
+
+_EXPORTS = {"write_report": "render"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'servingplan.report' has no attribute {name!r}")
+    return getattr(import_module(f"servingplan.report.{_EXPORTS[name]}"), name)
