@@ -46,3 +46,18 @@ def quick_pipeline(tmp_path_factory):
 
     workdir = copy_repository(tmp_path_factory.mktemp("pipeline"))
     return workdir, snakemake(workdir)
+
+
+@pytest.fixture(scope="session")
+def quick_profile_files(tmp_path_factory):
+    """The quick profile (quick=True: the tiny model and grid over test_profiling's full-size profile
+    section) measured once per session, as the files the profile stage writes (points, samples, machine
+    description): test_profiling checks the measurement and test_fit fits it."""
+    from servingplan.profiling.measure import run_profile
+    from test_profiling import PROFILE_CFG
+
+    out = tmp_path_factory.mktemp("profile")
+    paths = out / "points.csv", out / "samples.csv", out / "meta.json"
+    run_profile(PROFILE_CFG, {"source": "random", "dtype": "float32"}, seed=0, quick=True,
+                progress=False).write(*paths)
+    return paths

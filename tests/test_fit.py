@@ -11,7 +11,6 @@ from servingplan.costmodel import CostModel
 from servingplan.profiling.fit import (
     DECODE_TERMS, PREFILL_TERMS, SELECTION_MARGIN, fit_profile, fit_relative, holdout_mask, run_fit,
 )
-from servingplan.profiling.measure import run_profile
 
 KNOWN = CostModel(decode_fixed_s=0.03, decode_per_seq_s=2.5e-3, decode_per_ctx_token_s=3e-8,
                   prefill_fixed_s=0.02, prefill_per_token_s=1.2e-3, prefill_per_token_sq_s=4e-7,
@@ -262,17 +261,15 @@ def test_fit_relative_holds_each_coefficient_at_or_above_its_floor():
         assert gradient[free & ~above].max(initial=-1) < 1e-9
 
 
-def test_quick_profile_fit_writes_the_cost_model_report_and_predictions(tmp_path):
-    profile = run_profile({"threads": 0}, {"source": "random", "dtype": "float32"}, seed=0, quick=True,
-                          progress=False)
-    paths = tmp_path / "points.csv", tmp_path / "samples.csv", tmp_path / "meta.json"
-    profile.write(*paths)
+def test_quick_profile_fit_writes_the_cost_model_report_and_predictions(quick_profile_files, tmp_path):
+    paths = quick_profile_files
+    profile_meta, profile_points = json.loads(paths[2].read_text()), pd.read_csv(paths[0])
     outputs = tmp_path / "cost_model.json", tmp_path / "fit_report.json", tmp_path / "predictions.csv"
     run_fit(paths[0], paths[1], paths[2], {"holdout_fraction": 0.25, "mape_goal": 0.05}, 0, *outputs)
 
     model = costmodel.load(outputs[0])
     assert model.ctx_mode == "padded_max"
-    assert model.meta["machine_fingerprint"] == profile.meta["machine"]["fingerprint"]
+    assert model.meta["machine_fingerprint"] == profile_meta["machine"]["fingerprint"]
     assert set(model.meta["speed_band"]) == {"decode", "prefill"}
     assert all(getattr(model, term) >= 0 for term in PREFILL_TERMS + DECODE_TERMS)
     report = json.loads(outputs[1].read_text())
@@ -282,7 +279,7 @@ def test_quick_profile_fit_writes_the_cost_model_report_and_predictions(tmp_path
     assert [batch for batch, _ in model.decode_batch_fixed_s] == (
         report["decode_batch_table"]["batches"] if report["form"]["table_batches"] else [])
     predictions = pd.read_csv(outputs[2])
-    assert len(predictions) == len(profile.points)
+    assert len(predictions) == len(profile_points)
     assert list(predictions.columns) == [
         "point_id", "kind", "batch", "prompt_len", "cached", "measured_s", "predicted_s", "error_pct",
         "in_holdout", "validation_predicted_s", "validation_error_pct", "used_in_fit", "spread_pct"]

@@ -122,13 +122,9 @@ def test_fingerprint_is_stable_and_depends_on_threads():
 
 
 @pytest.fixture(scope="module")
-def quick_profile(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile")
-    profile = run_profile(PROFILE_CFG, {"source": "random", "dtype": "float32"}, seed=0, quick=True,
-                          progress=False)
-    paths = out / "points.csv", out / "samples.csv", out / "meta.json"
-    profile.write(*paths)
-    return [pd.read_csv(paths[0]), pd.read_csv(paths[1]), json.loads(paths[2].read_text())]
+def quick_profile(quick_profile_files):
+    points, samples, meta = quick_profile_files
+    return [pd.read_csv(points), pd.read_csv(samples), json.loads(meta.read_text())]
 
 
 def test_quick_profile_measures_every_grid_point_with_positive_times(quick_profile):
