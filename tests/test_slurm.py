@@ -9,8 +9,9 @@ run's measurements were copied in: the hardware profile, the cost model fitted t
 real-time validation replay and the serving-memory probes. Those measure this machine (local
 rules whose timings and memory differ run to run, and which would take the submit host's
 cores from the SLURM jobs for minutes), so only the simulation, planning and reporting jobs
-run, as SLURM jobs. Then every deterministic CSV/JSON file under results/ must be
-byte-identical.
+run, as SLURM jobs. Of the simulation cells, one (policy, cap) per machine is made through
+SLURM and the others are copied from the local run too (CELL_OUTPUTS). Then every
+deterministic CSV/JSON file under results/ must be byte-identical.
 
 Run it alone with:  .venv/bin/python -m pytest -m slurm tests/test_slurm.py -v -s
 """
@@ -48,8 +49,17 @@ SLURM_TIMEOUT_S = 2400
 MEASURED_OUTPUTS = ("results/profile/**/*", "results/fit/*", "results/validation/replay.json",
                     "results/validation/memory/*.json", "results/validation/serving_memory.json")
 
-# The sweep: one job per (policy, cap) cell of the quick config, each must be a SLURM job.
-SWEEP_RULE = "sweep_cell"
+# The simulation cells, copied as well but for one (policy, cap) per machine, the config's last policy at
+# its last cap (_made_on_slurm): the SLURM run makes that cell of every cell rule and everything that
+# gathers cells (collect, memory, recommend, decide, findings), so every simulation and planning rule
+# but carry_over runs as a SLURM job, about 20 jobs instead of 52. A SLURM job starts snakemake twice
+# (the plugin's job step, then srun), about 6 s on the test cluster's two cores for a cell of about
+# 1 s: the comparison of every cell took minutes. A target's carried-over cost model comes along with
+# its cells: made again, it would be newer than they are and re-make them all.
+CELL_OUTPUTS = ("results/machines/*/*/cells/*", "results/machines/*/sweep/chunks/*",
+                "results/machines/*/costmodel.json", "results/machines/*/carry_over.json")
+# One job per (machine, policy, cap), chunk_cell one per cap on this machine alone (its chunk comparison)
+CELL_RULES = ("sweep_cell", "capacity_cell", "fleet_cell", "chunk_cell")
 # Local rules (`localrules:`): they measure or render on the submit host, never SLURM jobs (the
 # comparison of validation with the simulator, `validate`, is a simulation and may go to a node).
 LOCAL_RULES = ("profile", "validate_replay", "serving_memory_cell", "report")
@@ -120,7 +130,8 @@ def _tail(text: str, chars: int) -> str:
     return "\n".join(line for line in text.splitlines() if not _PROGRESS.search(line))[-chars:]
 
 
-def _snakemake(run_dir: Path, args: list[str], timeout: int) -> float:
+def _snakemake(run_dir: Path, args: list[str], timeout: int) -> tuple[str, float]:
+    """(stdout, wall seconds) of a snakemake run in `run_dir`; a failed run fails the test with its logs."""
     # targets before --configfile, which takes several values
     cmd = [sys.executable, "-m", "snakemake", *args, *TARGETS, "--configfile", QUICK_CONFIG]
     start = time.monotonic()
@@ -140,14 +151,27 @@ def _snakemake(run_dir: Path, args: list[str], timeout: int) -> float:
             f"{' '.join(cmd)} (in {run_dir}) exited {proc.returncode} after {wall:.0f}s\n"
             f"--- stderr (tail)\n{_tail(proc.stderr, 5000)}{tails}"
         )
-    return wall
+    return proc.stdout, wall
 
 
-def _measured_files(run_dir: Path) -> list[Path]:
+def _planned_jobs(run_dir: Path, args: list[str]) -> dict[str, int]:
+    """Jobs per rule a dry run of `args` in `run_dir` would execute."""
+    out, _ = _snakemake(run_dir, [*args, "-n", "--quiet", "rules"], timeout=300)
+    return {parts[0]: int(parts[1]) for parts in map(str.split, out.splitlines())
+            if len(parts) == 2 and parts[1].isdigit() and parts[0] not in ("total", "job")}
+
+
+def _files(run_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
     found: set[Path] = set()
-    for pattern in MEASURED_OUTPUTS:
+    for pattern in patterns:
         found.update(p for p in run_dir.glob(pattern) if p.is_file())
     return sorted(p.relative_to(run_dir) for p in found)
+
+
+def _made_on_slurm(cell_output: Path, policy: str, cap: int) -> bool:
+    """Whether a file of CELL_OUTPUTS is one the SLURM run makes itself: the (policy, cap) cell of a
+    cell rule, or the chunk cell at `cap`."""
+    return cell_output.stem in (f"{policy}_cap{cap}", f"cap{cap}")
 
 
 def _compared_files(run_dir: Path) -> set[str]:
@@ -192,20 +216,21 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, quick_pipelin
     slurm_dir.mkdir()
     copy_repository(slurm_dir)  # the pipeline tests' copy of the working tree, as for the local run
 
-    # 2. through SLURM, reusing the local run's measurements
-    measured_files = _measured_files(local_dir)
-    for pattern in MEASURED_OUTPUTS:
+    # 2. through SLURM, reusing the local run's measurements and all but one cell per machine
+    quick = load_yaml((SOURCE_DIR / QUICK_CONFIG).read_text())
+    policy, cap = quick["sweep"]["policies"][-1], quick["sweep"]["caps"][-1]
+    for pattern in MEASURED_OUTPUTS + CELL_OUTPUTS:
         assert any(p.is_file() for p in local_dir.glob(pattern)), f"the local run wrote nothing matching {pattern}"
-    for rel in measured_files:
+    copied_files = _files(local_dir, MEASURED_OUTPUTS) + [
+        rel for rel in _files(local_dir, CELL_OUTPUTS) if not _made_on_slurm(rel, policy, cap)]
+    for rel in copied_files:
         (slurm_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(local_dir / rel, slurm_dir / rel)  # keeps the mtimes: newer than the sources
-    slurm_wall = _snakemake(
-        slurm_dir,
-        ["--workflow-profile", str(slurm_dir / SLURM_PROFILE)],
-        SLURM_TIMEOUT_S,
-    )
+    profile = ["--workflow-profile", str(slurm_dir / SLURM_PROFILE)]
+    planned = _planned_jobs(slurm_dir, profile)
+    _, slurm_wall = _snakemake(slurm_dir, profile, SLURM_TIMEOUT_S)
 
-    # 3. jobs ran as SLURM jobs
+    # 3. every job the run planned went to SLURM, but the local rules' (and `all`, which has no action)
     jobs = _submitted_jobs(slurm_dir)
     by_rule: dict[str, int] = {}
     for rule, _ in jobs.values():
@@ -214,13 +239,14 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, quick_pipelin
         f"\nSLURM run {slurm_wall:.1f}s with {len(jobs)} SLURM jobs "
         f"{dict(sorted(by_rule.items()))}"
     )
-    quick = load_yaml((SOURCE_DIR / QUICK_CONFIG).read_text())
-    sweep, machines = quick["sweep"], 1 + len(quick.get("hardware", []))  # this machine and each target
-    cells = machines * len(sweep["policies"]) * len(sweep["caps"])
-    assert by_rule.get(SWEEP_RULE, 0) == cells, (
-        f"expected {cells} SLURM jobs of rule {SWEEP_RULE} (one per machine and sweep cell of "
-        f"{QUICK_CONFIG}), got jobs per rule {by_rule}"
+    machines = 1 + len(quick.get("hardware", []))  # this machine and each target
+    made_cells = {rule: by_rule.get(rule, 0) for rule in CELL_RULES}
+    assert made_cells == {**dict.fromkeys(CELL_RULES, machines), "chunk_cell": 1}, (
+        f"expected the {policy} cap {cap} cell of every cell rule on each of the {machines} machines (the "
+        f"chunk cell on this machine alone) as SLURM jobs, got jobs per rule {by_rule}"
     )
+    remote = {rule: count for rule, count in planned.items() if rule not in (*LOCAL_RULES, "all")}
+    assert by_rule == remote, f"SLURM jobs per rule {by_rule}, planned for SLURM {remote}"
     local_submitted = sorted(set(by_rule) & set(LOCAL_RULES))
     assert not local_submitted, f"local rules submitted to SLURM: {local_submitted}"
     not_completed = {j: s for j in jobs if (s := _slurm_state(j)) != "COMPLETED"}
@@ -228,12 +254,12 @@ def test_quick_pipeline_same_results_locally_and_on_slurm(cluster, quick_pipelin
     missing_logs = [str(p) for _, p in jobs.values() if not p.is_file()]
     assert not missing_logs, f"SLURM job logs missing (slurm-keep-successful-logs?): {missing_logs}"
 
-    # 4. the measurements were reused, not re-measured
+    # 4. the measurements and cells were reused, not made again
     changed = [
-        str(rel) for rel in measured_files
+        str(rel) for rel in copied_files
         if (slurm_dir / rel).read_bytes() != (local_dir / rel).read_bytes()
     ]
-    assert not changed, f"the SLURM run re-made the copied measurements: {changed}"
+    assert not changed, f"the SLURM run re-made the copied measurements or cells: {changed}"
 
     # 5. same deterministic results
     local_files, slurm_files = _compared_files(local_dir), _compared_files(slurm_dir)
