@@ -99,7 +99,11 @@ def test_the_console_shows_each_long_stages_progress_and_no_empty_shell_commands
     console = quick_pipeline[1].stdout + quick_pipeline[1].stderr
     assert "Shell command" not in console  # every rule runs a script: there is no shell command to show
     assert re.search(r"profile: +100%", console)
-    assert "validate: trace 1 of 2:" in console and "validate: timing engine steps" in console
+    assert "validate: trace 1 of 2:" in console
+    # the path check runs in the traces' idle gaps, and what is left of it after them has its own line: on
+    # a quiet machine the gaps can hold all of it
+    replay = json.loads((quick_pipeline[0] / "results/validation/replay.json").read_text())
+    assert ("validate: timing engine steps" in console) == (replay["stage_s"]["path_check_after_s"] > 0)
 
 
 def test_noop_rerun_does_nothing(pipeline):
