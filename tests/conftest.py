@@ -1,6 +1,8 @@
 """Shared helpers: hand-made traces and cost models whose step times are exact in binary floating point."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
@@ -30,6 +32,38 @@ def fixed_cost(decode_s: float = 1.0, prefill_s: float = 2.0, prefill_per_token_
 # two over 1024 so sums stay exact for the small cases the tests build.
 GROWING = CostModel(decode_fixed_s=8 / 1024, decode_per_seq_s=1 / 1024, decode_per_ctx_token_s=1 / 1024 ** 2,
                     prefill_fixed_s=4 / 1024, prefill_per_token_s=1 / 1024 / 8, name="growing")
+
+
+# The test files whose tests take the session's quick pipeline run (the fixture below)
+QUICK_PIPELINE_FILES = ("test_pipeline.py", "test_validation_pipeline.py", "test_slurm.py")
+
+
+def pytest_collection_modifyitems(items):
+    """The tests on the shared quick pipeline first: the longest chain of the suite (the run, the trace
+    runs, the SLURM run), which a pytest-xdist worker should start at once. A stable sort: each file
+    keeps its order."""
+    items.sort(key=lambda item: "quick_pipeline" not in item.fixturenames)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist (`-n auto --dist loadfile`, pyproject.toml) gives each worker whole test files, so that
+    a file's module-scoped fixtures (a set of rendered reports) are built once; the files of
+    QUICK_PIPELINE_FILES go to one worker together, in their order, since they share one run of the
+    pipeline and some of their tests edit its tree and restore it before the next test reads it (in a
+    second worker the pipeline would run a second time). With --no-loadscope-reorder the files are
+    handed out in collection order, the quick pipeline's first. (pytest-xdist's loadgroup would do this
+    with marks, but it does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class QuickPipelineTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return "the quick pipeline" if Path(file).name in QUICK_PIPELINE_FILES else file
+
+    return QuickPipelineTogether(config, log)
 
 
 @pytest.fixture

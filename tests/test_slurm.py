@@ -13,7 +13,7 @@ run, as SLURM jobs. Of the simulation cells, one (policy, cap) per machine is ma
 SLURM and the others are copied from the local run too (CELL_OUTPUTS). Then every
 deterministic CSV/JSON file under results/ must be byte-identical.
 
-Run it alone with:  .venv/bin/python -m pytest -m slurm tests/test_slurm.py -v -s
+Run it alone with:  .venv/bin/python -m pytest -n 0 -m slurm tests/test_slurm.py -v -s
 """
 
 from __future__ import annotations
