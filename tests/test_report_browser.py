@@ -121,3 +121,27 @@ def test_price_input_refuses_negative_and_non_numeric_input_with_a_message(loade
     assert browser.evaluate(read_costs) == before
     price.fill("1")
     assert browser.evaluate("document.getElementById('price-message').textContent") == ""
+
+
+def test_the_cost_chart_marks_the_decisions_pick_at_its_own_machines_price(tmp_path):
+    from test_report import render_with_decision
+
+    render_with_decision(tmp_path)
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": WINDOW[0], "height": WINDOW[1]})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto((tmp_path / "report" / "report.html").resolve().as_uri(), wait_until="load")
+            read_mark = ("Array.from(document.querySelectorAll('#cost-chart text'))"
+                         ".map(e => e.textContent).filter(t => t.startsWith('pick: '))")
+            before = page.evaluate(read_mark)
+            assert len(before) == 1 and before[0].startswith("pick: 1 × NVIDIA T4 GPU, continuous batching cap 2 at $")
+            assert page.evaluate("document.querySelectorAll('#cost-chart circle[fill=\"#009E73\"]').length") == 1
+            # the pick is another machine's, priced at its own machine-hour: this machine's price leaves it be
+            price = page.locator("#price")
+            price.fill(str(2 * float(price.input_value())))
+            assert page.evaluate(read_mark) == before
+        finally:
+            browser.close()
