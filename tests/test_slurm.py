@@ -46,13 +46,14 @@ SLURM_TIMEOUT_S = 2400
 # comes along because the replay reads its cost model: a cost model remade in the SLURM run
 # would be newer than the copied replay and re-serve it.
 MEASURED_OUTPUTS = ("results/profile/**/*", "results/fit/*", "results/validation/replay.json",
-                    "results/validation/memory/*.json", "results/validation/serving_memory.json")
+                    "results/validation/memory/*.json", "results/validation/serving_memory.json",
+                    "results/check/one_thread/*")
 
 # The sweep: one job per (policy, cap) cell of the quick config, each must be a SLURM job.
 SWEEP_RULE = "sweep_cell"
 # Local rules (`localrules:`): they measure or render on the submit host, never SLURM jobs (the
 # comparison of validation with the simulator, `validate`, is a simulation and may go to a node).
-LOCAL_RULES = ("profile", "validate_replay", "serving_memory_cell", "report")
+LOCAL_RULES = ("profile", "profile_one_thread", "validate_replay", "serving_memory_cell", "report")
 
 # Compared byte for byte: these suffixes under results/ ...
 COMPARED_SUFFIXES = (".csv", ".json")

@@ -101,6 +101,8 @@ class RunResults:
     serving_memory: dict | None = None
     # the simulated requests outside the cost model's profiled range (results/plan/coverage.json)
     coverage: dict | None = None
+    # how far the targets' estimates can be trusted, measured in the run (results/check/carry_over_check.json)
+    carry_over_check: dict | None = None
 
     @property
     def measured(self) -> bool:
@@ -139,6 +141,7 @@ def load_results(inputs: Mapping) -> RunResults:
         # the serving process's measured peak per (policy, cap), in a profiled run
         serving_memory=read_json(inputs["serving_memory"]) if inputs.get("serving_memory") else None,
         coverage=read_json(inputs["coverage"]) if inputs.get("coverage") else None,
+        carry_over_check=read_json(inputs["carry_over_check"]) if inputs.get("carry_over_check") else None,
     )
 
 
@@ -480,7 +483,8 @@ def hardware_section(run: RunResults) -> dict | None:
                      "products_scale": _term(target["terms"], "prefill_per_token_s")})
     here = clean(run.recommendation)
     return {"targets": rows, "here": targets[0]["here"], "here_chosen": here["chosen"],
-            "here_n_pass": len(here["passed"]), "here_verdict": {row["target"]: row for row in here["verdict"]}}
+            "here_n_pass": len(here["passed"]), "here_verdict": {row["target"]: row for row in here["verdict"]},
+            "accuracy": clean(run.carry_over_check)}
 
 
 def _term(terms: list[dict], name: str) -> dict:
