@@ -23,6 +23,8 @@ include: "rules/fit.smk"
 include: "rules/simulate.smk"
 include: "rules/plan.smk"
 include: "rules/validate.smk"
+if config.get("carry_over_check", False):
+    include: "rules/check.smk"
 include: "rules/report.smk"
 
 # `snakemake --report` describes the run in results/ under this config: refuse any other config than

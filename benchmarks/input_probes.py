@@ -386,6 +386,16 @@ def config_probes_since_19(tmp: Path):
         ("hardware with an imported cost model",
          {**copy.deepcopy(BASE), "costmodel": {"source": str(cost_file(tmp, "hw", {}))}}, False),
     ]
+    probes += [(f"carry_over_check = {v!r}", at(("carry_over_check",), v), True) for v in (True, False)]
+    probes += [(f"carry_over_check = {v!r:.30}", at(("carry_over_check",), v), False)
+               for v in ("true", "yes", 1, 0, None, [], {}, math.nan)]
+    probes += [
+        ("carry_over_check without hardware targets", at(("hardware",), [], at(("carry_over_check",), True)), False,
+         "hardware"),
+        ("carry_over_check with a 1-thread profile", at(("profile", "threads"), 1, at(("carry_over_check",), True)),
+         False, "threads"),
+        ("misspelled carry_over_checks", at(("carry_over_checks",), True), False, "carry_over_checks"),
+    ]
     probes += [(f"workload.max_concurrency = {v!r}", at(("workload", "max_concurrency"), v), True)
                for v in (1, 8, 1_000_000)]
     probes += [(f"workload.max_concurrency = {v!r}", at(("workload", "max_concurrency"), v), False)

@@ -12,6 +12,9 @@ MEASURED_INPUTS = dict(
     # the serving process's peak memory per (policy, cap): the memory verdict's measurement and figure
     serving_memory=rules.serving_memory.output[0],
 ) if PROFILED else {}
+# how far the targets' estimates can be trusted, when the run measures it (rules/check.smk)
+if config.get("carry_over_check", False):
+    MEASURED_INPUTS["carry_over_check"] = rules.carry_over_check.output[0]
 
 
 # The comparisons the report states about the simulations, decided by the planner (servingplan/findings.py)

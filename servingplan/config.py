@@ -14,6 +14,7 @@ import yaml
 
 from servingplan import architecture
 from servingplan.memory import GB, largest_cap, reserved_tokens_per_seq
+from servingplan.profiling.machine import resolve_threads
 from servingplan.sim.policies import CHUNK_BUDGETS, POLICIES, chunk_budget, chunks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,6 +232,7 @@ def check(config: dict) -> list[str]:
     _check_costmodel(config.get("costmodel"))
     _check_device(config["model"].get("device", "cpu"))
     _check_hardware(config.get("hardware", []), costmodel_source(config))
+    _check_carry_over_check(config)
     return warnings
 
 
@@ -254,6 +256,21 @@ def _check_hardware(targets: list[dict], costmodel: str) -> None:
         if target.get("launch_overhead_ms") is not None and target.get("kind", "cpu") != "gpu":
             raise ConfigError(f"config error: hardware[{i}].launch_overhead_ms = {target['launch_overhead_ms']!r}: "
                               "applies to kind gpu only (a CPU's host loop is in the terms measured here)")
+
+
+def _check_carry_over_check(config: dict) -> None:
+    """The check carries this machine's model to itself at 1 thread: it needs targets whose estimates it
+    vouches for, a profile to carry (hardware already demands one) and more than 1 thread in that profile."""
+    if not config.get("carry_over_check", False):
+        return
+    if not config.get("hardware"):
+        raise ConfigError("config error: carry_over_check = true: needs at least one hardware target, whose "
+                          "estimates it measures the accuracy of (or set it false)")
+    threads = resolve_threads(config["profile"]["threads"])
+    if threads < 2:
+        raise ConfigError(f"config error: carry_over_check = true with profile.threads = {config['profile']['threads']} "
+                          f"({threads} thread here): the check profiles again at 1 thread, so the profile must use 2 or "
+                          "more (or set it false)")
 
 
 def derived_seeds(master_seed: int, count: int) -> list[int]:

@@ -130,13 +130,30 @@ def test_an_unstable_chunk_is_never_drawn_under_the_bound():
     plt.close(fig)
 
 
-def test_the_cost_chart_marks_the_chosen_fleet():
-    fig = figures.cost_vs_replicas(1.0, 473.0, 0.001, 16, {}, chosen=("picked: 10 machines", 10))
-    assert legend_labels(fig)[0] == "picked: 10 machines"
+def test_the_cost_chart_marks_the_chosen_fleet_at_its_own_machines_price():
+    here = {"label": "pick: 10 × HERE", "replicas": 10, "price_per_hour": None}
+    fig = figures.cost_vs_replicas(1.0, 473.0, 0.001, 16, {}, chosen=here)
+    assert legend_labels(fig)[0] == "pick: 10 × HERE"
     star = next(line for line in fig.axes[0].get_lines() if line.get_marker() == "*")
     assert list(star.get_xdata()) == [10]
     assert star.get_ydata()[0] == pytest.approx(1.0 * 10 / 3600 / 473.0 * 1000)
     plt.close(fig)
+    gpu = {"label": "closest: 3 × GPU at $0.35/h", "replicas": 3, "price_per_hour": 0.35}
+    fig = figures.cost_vs_replicas(1.0, 473.0, 0.001, 16, {}, chosen=gpu)
+    star = next(line for line in fig.axes[0].get_lines() if line.get_marker() == "*")
+    assert star.get_ydata()[0] == pytest.approx(0.35 * 3 / 3600 / 473.0 * 1000)
+    plt.close(fig)
+
+
+def test_the_chosen_mark_names_the_decisions_first_option_with_display_names():
+    from servingplan.report.render import chosen_mark
+    option = {"machine": "nvidia-t4", "display_name": "NVIDIA T4 GPU", "replicas": 3, "policy": "continuous",
+              "cap": 16, "meets_all": False, "price_per_hour": 0.35}
+    assert chosen_mark(option) == {"label": "closest: 3 × NVIDIA T4 GPU, continuous batching cap 16 at $0.35/h",
+                                   "replicas": 3, "price_per_hour": 0.35}
+    here = dict(option, machine="here", display_name="this machine", meets_all=True, price_per_hour=1.0)
+    assert chosen_mark(here)["price_per_hour"] is None and chosen_mark(here)["label"].startswith("pick: 3 × this machine")
+    assert chosen_mark(None) is None
 
 
 @pytest.mark.parametrize("moved, digits", [(None, 3), (0.0, 3), (10.0, 3), (10.01, 2), (49.5, 2)])

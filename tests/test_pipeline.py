@@ -95,6 +95,23 @@ def test_the_report_gives_each_hardware_target_its_verdicts_as_a_roofline_estima
         assert f"### {target['name']}" not in md
 
 
+def test_the_carry_over_checked_in_the_run_is_quoted_on_the_first_screen_and_tabulated(pipeline):
+    check = json.loads((pipeline / "results/check/carry_over_check.json").read_text())
+    one_thread = json.loads((pipeline / "results/check/one_thread/machine.json").read_text())
+    assert (check["threads_target"], one_thread["machine"]["threads"]) == (1, 1) and check["threads_here"] >= 2
+    config = yaml.safe_load((pipeline / QUICK).read_text())
+    cells = len(config["sweep"]["policies"]) * len(config["sweep"]["caps"])
+    assert len(check["rows"]) == 2 * cells
+    summary = check["summary"]
+    assert summary["cells"] + summary["uncompared"] == len(check["rows"])
+    md = (pipeline / "results/report/report.md").read_text()
+    first_screen = md.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    quoted = f"put {summary['within_goal']} of {summary['cells']} capacity estimates within ±15%"
+    assert "How far the estimated machines can be trusted" in first_screen and quoted in first_screen
+    assert md.count("| Capacity | Configuration | Measured at 1 thread | Estimated | Error |") == 1
+    assert "(../check/carry_over_check.json)" in md  # the table links its data file
+
+
 def test_the_console_shows_each_long_stages_progress_and_no_empty_shell_commands(quick_pipeline):
     console = quick_pipeline[1].stdout + quick_pipeline[1].stderr
     assert "Shell command" not in console  # every rule runs a script: there is no shell command to show
@@ -185,6 +202,8 @@ def test_a_new_cap_and_target_plan_only_their_cells_and_what_aggregates_them(pip
     # the serving memory of the new cap under every policy, and what gathers it; the report's findings
     assert jobs.pop("serving_memory_cell") == len(policies)
     assert {rule: jobs.pop(rule) for rule in ("serving_memory", "findings")} == {"serving_memory": 1, "findings": 1}
+    # the carry-over check compares every cell: it searches the new cap's too, on the 1-thread profile it has
+    assert jobs.pop("carry_over_check") == 1 and "profile_one_thread" not in jobs
     # the real-time replay serves its own cap: a new cap never re-serves it
     assert "validate_replay" not in jobs and set(jobs) <= {"validate"}
 
@@ -200,8 +219,8 @@ def test_simulator_edit_reruns_simulation_but_not_profiling(pipeline):
     # a real edit: Snakemake compares content, so touching the file alone changes nothing
     with edited(scheduler, "\n# edited\n"):
         rules = planned_rules(pipeline)
-    assert {"sweep_cell", "chunk_cell", "capacity_cell", "fleet_cell"} <= rules
-    assert "profile" not in rules and "fit" not in rules
+    assert {"sweep_cell", "chunk_cell", "capacity_cell", "fleet_cell", "carry_over_check"} <= rules
+    assert not {"profile", "fit", "profile_one_thread", "fit_one_thread"} & rules
 
 
 def planned_from(run_dir: Path, repository: Path, *args, cwd: Path | None = None) -> set:
@@ -313,7 +332,7 @@ def trace_run(pipeline: Path, tmp_path: Path, layout: str, name: str, **settings
     requests = write_trace(workdir / name, layout)
     config = yaml.safe_load((workdir / QUICK).read_text())
     config["workload"]["trace"] = {"path": name, "layout": layout, **settings}
-    config["hardware"] = []
+    config["hardware"], config["carry_over_check"] = [], False
     config["sweep"]["caps"] = config["sweep"]["caps"][:1]
     (workdir / "config" / "trace.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     assert "profile" not in planned_rules(workdir, configfile="config/trace.yaml")
@@ -375,7 +394,9 @@ def test_an_imported_cost_model_replaces_profiling_fitting_and_validation(tmp_pa
     write_costmodel(workdir / "a100.json")
     config = yaml.safe_load((workdir / QUICK).read_text())
     config["costmodel"] = {"source": "a100.json"}
-    config["hardware"] = []  # a target is scaled from the probes of the machine the model was fitted on
+    # a target is scaled from the probes of the machine the model was fitted on, and the check of that
+    # carry-over profiles this machine again: neither applies to an imported model
+    config["hardware"], config["carry_over_check"] = [], False
     # which stages run and what the report says of the model depend on no cap (the shared run has them all)
     config["sweep"]["caps"] = config["sweep"]["caps"][:1]
     (workdir / "config" / "imported.yaml").write_text(yaml.safe_dump(config, sort_keys=False))

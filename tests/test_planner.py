@@ -245,3 +245,23 @@ def test_speedup_interval_widens_with_the_measured_speed_band():
     assert planner._speedup_interval(3.0, [2.8, 3.0], {}) == [2.8, 3.0]
     never = {"slow": {"speedup_needed": None, "speedup_bracket": [1e4, None]}}
     assert planner._speedup_interval(3.0, [2.8, 3.0], never) == [2.8, 3.0]
+
+def test_the_latency_targets_hold_only_when_the_slowest_seed_meets_them():
+    slo = {"ttft_ms": 300.0, "ttft_percentile": 90}
+    rates = {"today": 1.0, "capacity_target": 2.0}
+
+    def run_of(per_seed_ms):
+        def run(rate, verdict_only=False):
+            return [{"stable": True, "ttft_ms_p90": ms} for ms in per_seed_ms], False
+        return run
+
+    # mean 250 ms, within the target; the slower seed, 320 ms, is not
+    ok, detail = planner._targets_hold(run_of([180.0, 320.0]), rates, slo)
+    assert not ok and detail["today"]["ttft_ms_mean"] == 250.0
+    assert detail["today"]["ttft_ms_range"] == [180.0, 320.0]
+    assert planner._targets_hold(run_of([180.0, 300.0]), rates, slo)[0]
+    # an unstable seed fails the targets and leaves no percentile
+    unstable = lambda rate, verdict_only=False: ([{"stable": True, "ttft_ms_p90": 100.0},  # noqa: E731
+                                                  {"stable": False, "ttft_ms_p90": None}], False)
+    ok, detail = planner._targets_hold(unstable, rates, slo)
+    assert not ok and detail["today"]["ttft_ms_range"] is None and detail["today"]["ttft_ms_mean"] is None

@@ -42,21 +42,31 @@ class LoadedPage:
 
 
 @pytest.fixture(scope="module")
-def loaded_page(tmp_path_factory):
-    """The all-pass report (its cost verdict flips when the price doubles) loaded in Chromium."""
-    root = tmp_path_factory.mktemp("browser")
-    report = render_scenario(root, "all_pass")
+def chromium():
+    """One headless Chromium for the module's pages (Playwright's sync API allows one instance at a time)."""
     with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
                                              args=["--no-sandbox", "--disable-gpu"])
         try:
-            page = browser.new_page(viewport={"width": WINDOW[0], "height": WINDOW[1]}, device_scale_factor=1)
-            page.set_default_timeout(TIMEOUT_MS)
-            loaded = LoadedPage(page)
-            page.goto(report["html"].resolve().as_uri(), wait_until="load")
-            yield loaded, root
+            yield browser
         finally:
             browser.close()
+
+
+def open_page(browser, html):
+    page = browser.new_page(viewport={"width": WINDOW[0], "height": WINDOW[1]}, device_scale_factor=1)
+    page.set_default_timeout(TIMEOUT_MS)
+    loaded = LoadedPage(page)
+    page.goto(html.resolve().as_uri(), wait_until="load")
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def loaded_page(chromium, tmp_path_factory):
+    """The all-pass report (its cost verdict flips when the price doubles) loaded in Chromium."""
+    root = tmp_path_factory.mktemp("browser")
+    report = render_scenario(root, "all_pass")
+    yield open_page(chromium, report["html"]), root
 
 
 def test_page_loads_offline_without_console_errors(loaded_page):
@@ -121,3 +131,20 @@ def test_price_input_refuses_negative_and_non_numeric_input_with_a_message(loade
     assert browser.evaluate(read_costs) == before
     price.fill("1")
     assert browser.evaluate("document.getElementById('price-message').textContent") == ""
+
+
+def test_the_cost_chart_marks_the_decisions_pick_at_its_own_machines_price(chromium, tmp_path):
+    from test_report import render_with_decision
+
+    render_with_decision(tmp_path)
+    page = open_page(chromium, tmp_path / "report" / "report.html")
+    read_mark = ("Array.from(document.querySelectorAll('#cost-chart text'))"
+                 ".map(e => e.textContent).filter(t => t.startsWith('pick: '))")
+    before = page.evaluate(read_mark)
+    assert len(before) == 1 and before[0].startswith("pick: 1 × NVIDIA T4 GPU, continuous batching cap 2 at $")
+    assert page.evaluate("document.querySelectorAll('#cost-chart circle[fill=\"#009E73\"]').length") == 1
+    # the pick is another machine's, priced at its own machine-hour: this machine's price leaves it be
+    price = page.page.locator("#price")
+    price.fill(str(2 * float(price.input_value())))
+    assert page.evaluate(read_mark) == before
+    assert page.errors == []

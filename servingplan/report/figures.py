@@ -540,20 +540,22 @@ def memory_bars(memory: pd.DataFrame, budget_bytes: float, serving_rss: list[dic
 
 
 def cost_vs_replicas(price_per_hour: float, tokens_per_s: float, target_per_1k: float, max_replicas: int,
-                     marks: dict, chosen: tuple[str, int] | None = None) -> Figure:
+                     marks: dict, chosen: dict | None = None) -> Figure:
     """Dollars per 1,000 output tokens at today's traffic for 1..max_replicas machines (money.py's one
-    formula); `marks` maps a label to a replica count to highlight; `chosen` = (label, replicas) marks the
-    fleet the decision picks (or its closest option), drawn filled and named first in the legend."""
+    formula); `marks` maps a label to a replica count to highlight; `chosen` (render.chosen_mark: label,
+    replicas, and another machine's price or None for this one's) marks the deployment the decision
+    names first, drawn filled and named first in the legend."""
     fig, axes = _figure(height=3.3)
     ax = axes[0, 0]
     replicas = np.arange(1, max_replicas + 1)
     cost = [money.cost_per_1k_tokens(price_per_hour, int(r), tokens_per_s) for r in replicas]
     if chosen is not None:
-        label, count = chosen
-        ax.plot([count], [money.cost_per_1k_tokens(price_per_hour, count, tokens_per_s)], "*", ms=15,
-                color="#009E73", mec="black", mew=0.6, zorder=5, label=label)
+        count = chosen["replicas"]
+        price = price_per_hour if chosen["price_per_hour"] is None else chosen["price_per_hour"]
+        ax.plot([count], [money.cost_per_1k_tokens(price, count, tokens_per_s)], "*", ms=15,
+                color="#009E73", mec="black", mew=0.6, zorder=5, label=chosen["label"])
         ax.axvline(count, color="#009E73", ls="--", lw=1)
-    ax.plot(replicas, cost, "o-", ms=3, color="#1f77b4", label=f"${price_per_hour:g}/h per machine")
+    ax.plot(replicas, cost, "o-", ms=3, color="#1f77b4", label=f"this machine at ${price_per_hour:g}/h each")
     ax.axhline(target_per_1k, color=TARGET_COLOR, ls="--", lw=1.2, label=f"target ${target_per_1k:g}")
     for k, (label, count) in enumerate(sorted(marks.items())):
         ax.plot([count], [money.cost_per_1k_tokens(price_per_hour, count, tokens_per_s)], "D", ms=8, mfc="none",

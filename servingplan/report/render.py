@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan import money
-from servingplan.config import costmodel_source
+from servingplan.config import HERE, costmodel_source
 from servingplan.findings import sweep_seeds, workload_traces
 from servingplan.costmodel import DECODE_KEYS, PREFILL_KEYS, CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
@@ -101,6 +101,8 @@ class RunResults:
     serving_memory: dict | None = None
     # the simulated requests outside the cost model's profiled range (results/plan/coverage.json)
     coverage: dict | None = None
+    # how far the targets' estimates can be trusted, measured in the run (results/check/carry_over_check.json)
+    carry_over_check: dict | None = None
 
     @property
     def measured(self) -> bool:
@@ -139,6 +141,7 @@ def load_results(inputs: Mapping) -> RunResults:
         # the serving process's measured peak per (policy, cap), in a profiled run
         serving_memory=read_json(inputs["serving_memory"]) if inputs.get("serving_memory") else None,
         coverage=read_json(inputs["coverage"]) if inputs.get("coverage") else None,
+        carry_over_check=read_json(inputs["carry_over_check"]) if inputs.get("carry_over_check") else None,
     )
 
 
@@ -426,7 +429,10 @@ def memory_section(run: RunResults) -> dict:
 
 def cost_section(run: RunResults, config: dict, summary: dict) -> dict:
     rec = clean(run.recommendation)
+    decision = clean(run.decision) or {}
     return {
+        # the deployment the decision names first (its pick, or the closest): the chart marks it
+        "chosen": decision.get("pick") or decision.get("closest"),
         "price_per_hour": rec["price_per_hour"],
         "target_per_1k": config["cost"]["target_per_1k_tokens"],
         "max_replicas": config["cost"]["max_replicas"],
@@ -443,7 +449,20 @@ def browser_cost_data(cost: dict) -> dict:
             "usd_per_1k_at_one_dollar": [money.cost_per_1k_tokens(1.0, replicas, cost["offered_tokens_per_s"])
                                          for replicas in range(1, cost["max_replicas"] + 1)],
             "marks": {f"{f['replicas']} machines, {f['router'].replace('_', ' ')}": f["replicas"]
-                      for f in cost["fleets"]}}
+                      for f in cost["fleets"]},
+            "chosen": chosen_mark(cost["chosen"])}
+
+
+def chosen_mark(option: dict | None) -> dict | None:
+    """The decision's first option as the cost chart marks it: its label, its replicas and, for another
+    machine, that machine's price (this machine's follows the price entered on the page)."""
+    if option is None:
+        return None
+    here = option["machine"] == HERE
+    deployment = (f"{option['replicas']} × {option['display_name']}, {names.display(option['policy'])} cap {option['cap']}"
+                  + ("" if here else f" at ${option['price_per_hour']:g}/h"))
+    return {"label": f"{'pick' if option['meets_all'] else 'closest'}: {deployment}", "replicas": option["replicas"],
+            "price_per_hour": None if here else option["price_per_hour"]}
 
 
 def hardware_section(run: RunResults) -> dict | None:
@@ -464,7 +483,8 @@ def hardware_section(run: RunResults) -> dict | None:
                      "products_scale": _term(target["terms"], "prefill_per_token_s")})
     here = clean(run.recommendation)
     return {"targets": rows, "here": targets[0]["here"], "here_chosen": here["chosen"],
-            "here_n_pass": len(here["passed"]), "here_verdict": {row["target"]: row for row in here["verdict"]}}
+            "here_n_pass": len(here["passed"]), "here_verdict": {row["target"]: row for row in here["verdict"]},
+            "accuracy": clean(run.carry_over_check)}
 
 
 def _term(terms: list[dict], name: str) -> dict:
@@ -631,7 +651,8 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
         "memory": figures.memory_bars(run.memory, context["memory"]["summary"]["budget_bytes"],
                                       serving_rss=context["memory"]["serving_rows"]),
         "cost": figures.cost_vs_replicas(cost["price_per_hour"], cost["offered_tokens_per_s"], cost["target_per_1k"],
-                                         cost["max_replicas"], browser_cost_data(cost)["marks"]),
+                                         cost["max_replicas"], browser_cost_data(cost)["marks"],
+                                         browser_cost_data(cost)["chosen"]),
         "ex2_curve": figures.exercise2_curve(run.ex2_curve, ex2["2.1"]["least_squares"]["a_ms"],
                                              ex2["2.1"]["least_squares"]["b_ms"], ex2["2.2"]["tpot_budget_ms"],
                                              ex2["2.2"]["b_max"]),

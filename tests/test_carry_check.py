@@ -1,0 +1,68 @@
+"""The carry-over's accuracy measured in the run (servingplan/carry_check.py): the cost model carried to
+this machine at 1 thread, each capacity cell compared with the 1-thread model's, and the summary the
+report quotes."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from servingplan import carry_check
+from servingplan.config import simulation_seeds
+from test_planner import FAST, MACHINE, small_config
+
+
+def machine(threads: int, bandwidth_gbs: float, gflops: float) -> dict:
+    return {**MACHINE, "machine": {"threads": threads},
+            "roofline": {"bandwidth_gbs": bandwidth_gbs, "gemm_gflops": gflops}}
+
+
+def settings() -> dict:
+    config = small_config()
+    config["sweep"].update(policies=["continuous", "static"], caps=[4])
+    return {**{k: config[k] for k in ("workload", "slo", "sweep", "memory", "capacity")},
+            "seeds": simulation_seeds(config), "model": config["model"]}
+
+
+# peaks far above what MEASURED's terms reach, so that no carried term meets a floor (none is clamped)
+PEAKS = (50_000.0, 5_000_000.0)
+
+
+# FAST with every term above zero, as a fit gives it (a zero term would be raised to its floor)
+MEASURED = dataclasses.replace(FAST, prefill_per_token_sq_s=1e-8, prefill_per_token_ctx_s=1e-8)
+
+
+def run_check(cost_one, machine_one):
+    s = settings()
+    return carry_check.check(MEASURED, machine(2, *PEAKS), cost_one, machine_one, s.pop("model"), s)
+
+
+def test_a_target_with_this_machines_roofline_and_model_is_estimated_exactly():
+    # the same roofline carries every term at scale 1 and the same model is the truth: every error is 0
+    result = run_check(MEASURED, machine(1, *PEAKS))
+    assert result["clamped_terms"] == []
+    assert (result["threads_here"], result["threads_target"]) == (2, 1)
+    assert len(result["rows"]) == 2 * len(carry_check.CRITERIA)
+    for row in result["rows"]:
+        assert row["estimated_rps"] == pytest.approx(row["measured_rps"])
+        assert row["error"] == pytest.approx(0.0, abs=1e-12)
+    summary = result["summary"]
+    assert summary["cells"] == summary["within_goal"] == 4 and summary["median_abs_error"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_slower_target_whose_truth_is_faster_reads_as_a_pessimistic_estimate():
+    # the target's probes read half this machine's, so every carried term doubles, while the model
+    # measured there is this machine's: the estimate expects less capacity than was measured
+    result = run_check(MEASURED, machine(1, PEAKS[0] / 2, PEAKS[1] / 2))
+    errors = [row["error"] for row in result["rows"]]
+    assert all(e < -carry_check.GOAL for e in errors)
+    assert result["summary"]["direction"] == "pessimistic" and result["summary"]["within_goal"] == 0
+
+
+def test_the_summary_counts_the_goal_and_names_the_direction():
+    rows = [{"error": e} for e in (-0.1, 0.2, -0.05, None)]
+    summary = carry_check.summarize(rows)
+    assert summary == {"cells": 3, "within_goal": 2, "median_abs_error": pytest.approx(0.1), "largest_error": 0.2,
+                       "direction": "mixed", "uncompared": 1}
+    assert carry_check.summarize([{"error": 0.3}, {"error": 0.01}])["direction"] == "optimistic"
+    assert carry_check.summarize([{"error": None}]) is None
