@@ -42,6 +42,11 @@ def pytest_collection_modifyitems(items):
     """The tests on the shared quick pipeline first: the longest chain of the suite (the run, the trace
     runs, the SLURM run), which a pytest-xdist worker should start at once. A stable sort: each file
     keeps its order."""
+    elsewhere = sorted({item.path.name for item in items if "quick_pipeline" in item.fixturenames}
+                       - set(QUICK_PIPELINE_FILES))
+    if elsewhere:
+        raise pytest.UsageError(f"{', '.join(elsewhere)}: tests on the quick pipeline; add the file to "
+                                "QUICK_PIPELINE_FILES in tests/conftest.py, or its xdist worker runs it again")
     items.sort(key=lambda item: "quick_pipeline" not in item.fixturenames)
 
 
