@@ -325,15 +325,17 @@ def write_trace(path: Path, layout: str, rows: int = 150) -> int:
 def trace_run(pipeline: Path, tmp_path: Path, layout: str, name: str, **settings) -> tuple[Path, int]:
     """A copy of the quick run (the trace changes the workload, not the profile, which is kept) with a
     trace file of `layout` as its workload: (its directory, the requests the file holds). This machine
-    alone, at the first cap: how a trace is read and reported depends on neither, and the shared run
-    covers the targets and every cap (a cap more is ten simulation cells and three serving-memory
-    probes, all made again after the trace's replay)."""
+    alone, at the first cap, validated at the first load: how a trace is read, replayed and reported
+    depends on none of them, and the shared run covers the targets, every cap and both loads (a cap more
+    is ten simulation cells and three serving-memory probes, all made again after the trace's replay; a
+    load more is one more trace served in real time)."""
     workdir = Path(shutil.copytree(pipeline, tmp_path / "run", symlinks=True))
     requests = write_trace(workdir / name, layout)
     config = yaml.safe_load((workdir / QUICK).read_text())
     config["workload"]["trace"] = {"path": name, "layout": layout, **settings}
     config["hardware"], config["carry_over_check"] = [], False
     config["sweep"]["caps"] = config["sweep"]["caps"][:1]
+    config["validation"]["rates_fraction"] = config["validation"]["rates_fraction"][:1]
     (workdir / "config" / "trace.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     assert "profile" not in planned_rules(workdir, configfile="config/trace.yaml")
     return workdir, requests
