@@ -10,9 +10,9 @@ CHECK_DIR = "results/check/one_thread"
 
 rule profile_one_thread:
     # after the first profile (whose machine description it does not read) and, by priority, after the
-    # real-time replay (50), which should run as close in time to that profile as it can, but before the
-    # simulation jobs heat the machine for minutes
-    priority: 45
+    # fit and the real-time replay (MEASURING_FIRST, common.smk), which should run as close in time to
+    # that profile as they can, but before the simulation jobs heat the machine for minutes
+    priority: MEASURING_FIRST - 5
     input:
         after=rules.profile.output.machine,
         code=sources("profiling/*.py", "io.py", "pipeline.py"),

@@ -69,3 +69,13 @@ TRACE_FILE = [config["workload"]["trace"]["path"]] if config["workload"].get("tr
 SIM_SOURCES = sources("sim/*.py", "costmodel.py", "workload.py", "metrics.py", "capacity.py", "io.py",
                       "pipeline.py")
 CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# The measurements of this machine run alone, one after another, before any simulation: the profile, the
+# fit it feeds, the real-time replay (nearest in time to the profile it is compared with), then the
+# 1-thread profile of carry_over_check. Each claims every core, and when one finishes, snakemake starts
+# the ready job of highest priority that fits, so this priority hands the idle machine to the next
+# measurement. Without it, one-core jobs ready beside the replay would take the freed cores one by one,
+# and the replay would wait until every simulation had finished. A priority orders jobs without adding
+# an input: a measurement that reruns reruns nothing after it.
+MEASURING_FIRST = 50

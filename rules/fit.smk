@@ -15,7 +15,11 @@ if PROFILED:
         params:
             fit=config["fit"],
             seed=config["seed"],
-        threads: 1
+        # between the profile and the real-time replay (MEASURING_FIRST, common.smk): it claims every core
+        # for its few seconds, so that no one-core job starts beside it and the replay, waiting for it,
+        # finds the machine idle
+        priority: MEASURING_FIRST
+        threads: workflow.cores
         resources:
             mem_mb=1000,
             runtime=5,

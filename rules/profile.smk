@@ -5,6 +5,8 @@ localrules: profile
 
 
 rule profile:
+    # the first measurement (MEASURING_FIRST, common.smk): nothing else has run when it starts
+    priority: MEASURING_FIRST
     input:
         sources("profiling/*.py", "io.py", "pipeline.py"),
     output:

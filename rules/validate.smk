@@ -16,14 +16,16 @@ REPLAY_SOURCES = sources("serving/__init__.py", "serving/engine.py", "serving/kv
 # ... and the simulator's SimResult, the timeline class the engine fills (sim/__init__.py, sim/simulator.py):
 # left out on purpose, so that editing the simulator reruns the comparison only (issue 20, item 3)
 
+# the torch threads the engine serves with (profile.threads; 0 is every core of this machine)
+ENGINE_THREADS = config["profile"]["threads"] or os.cpu_count()
 # the validation config the replay reads; the comparison reads goal_pct too
 VALIDATION_SWEEP = {k: config["sweep"][k] for k in ("chunk_size", "chunk_budget") if k in config["sweep"]}
 
 
 rule validate_replay:
-    # first in line once the cost model exists: the replays then run as close in time to the profile
+    # next after the fit (MEASURING_FIRST, common.smk): the replays run as close in time to the profile
     # as they can, before the simulation jobs heat the machine for minutes
-    priority: 50
+    priority: MEASURING_FIRST
     input:
         costmodel=COSTMODEL,
         machine=rules.profile.output.machine,
@@ -88,12 +90,11 @@ rule validate:
 
 # One process per (policy, cap): a process's resident high-water mark never falls (see
 # servingplan/serving/memory_probe.py). A resident-memory reading is not a timing, so the cells need not
-# have the machine alone (one core each); they stay local, since a cluster node is not this machine.
+# have the machine alone: they run beside the simulations, after the measurements (whose priority comes
+# first, common.smk), and stay local, since a cluster node is not this machine. A cell serves with the
+# engine's threads and claims as many cores, so that snakemake does not stack more busy threads than cores.
 rule serving_memory_cell:
     input:
-        # after the real-time replay: that must have the machine alone, and a snakemake scheduler that sees
-        # these one-core jobs ready beside it fills the cores with them and starves the replay
-        **({"replay": rules.validate_replay.output.replay} if PROFILED else {}),
         code=REPLAY_SOURCES + sources("serving/memory_probe.py"),
     output:
         "results/validation/memory/{policy}_cap{cap}.json",
@@ -103,7 +104,7 @@ rule serving_memory_cell:
         sweep=VALIDATION_SWEEP,
         memory={k: config["memory"][k] for k in ("max_context", "block_size")},
         seed=config["seed"],
-    threads: 1
+    threads: min(ENGINE_THREADS, workflow.cores)
     resources:
         mem_mb=4000,
         runtime=5,

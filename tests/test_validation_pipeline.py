@@ -52,3 +52,33 @@ def test_serving_memory_has_one_row_per_policy_and_cap(quick_pipeline):
     for row in memory["rows"]:
         assert set(row) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens"}
         assert row["sequences"] == row["cap"] and row["peak_rss_bytes"] > 0
+
+
+def _span(log):
+    stamps = dict(line.split(" ", 1) for line in log.read_text().splitlines()
+                  if line.startswith(("started_unix ", "finished_unix ")))
+    return float(stamps["started_unix"]), float(stamps["finished_unix"])
+
+
+def test_the_measurements_run_before_every_simulation_and_memory_probe(quick_pipeline):
+    """The replay right after the profile, then the 1-thread profile; every simulation cell, Exercise 2
+    and memory probe starts after both have finished (the replay would otherwise wait behind them)."""
+    pipeline = quick_pipeline[0]
+    logs = pipeline / "results/logs"
+    replay, one_thread = _span(logs / "validate_replay.log"), _span(logs / "profile_one_thread.log")
+    assert replay[1] <= one_thread[0]
+    after = [logs / "exercise2.log", *logs.glob("*/sweep/*.log"), *logs.glob("*/capacity/*.log"),
+             *logs.glob("*/fleet/*.log"), *logs.glob("*/chunks/*.log"), *logs.glob("serving_memory/*.log")]
+    assert len(after) > 20
+    for log in after:
+        assert _span(log)[0] >= one_thread[1], log
+
+
+def test_a_rerun_measurement_reruns_none_of_the_jobs_ordered_after_it(quick_pipeline):
+    pipeline = quick_pipeline[0]
+    for measurement, downstream in (("validate_replay", "validate"), ("profile_one_thread", "carry_over_check")):
+        out = snakemake(pipeline, "-n", "--quiet", "rules", "--forcerun", measurement)
+        rules = {line.split()[0] for line in out.stdout.splitlines() if len(line.split()) == 2}
+        assert {measurement, downstream} <= rules, out.stdout
+        assert not rules & {"sweep_cell", "capacity_cell", "fleet_cell", "chunk_cell", "exercise2",
+                            "serving_memory_cell"}, rules
