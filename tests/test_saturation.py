@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from servingplan.capacity import Criterion, busy_floor, capacity, saturation_rate
 from servingplan.metrics import SLO
 from servingplan.sim import POLICIES, simulate
-from servingplan.sim.fleet import ROUTERS, simulate_fleet
-from servingplan.sim.simulator import LOAD_RESOLUTION
+from servingplan.sim.fleet import ROUTERS, join_shortest_queue, simulate_fleet
+from servingplan.sim.simulator import LOAD_RESOLUTION, Replica, Timeline, run_replicas
 from servingplan.workload import CAPSTONE, Trace, generate
 
 from conftest import GROWING, fixed_cost
@@ -154,3 +154,26 @@ def test_a_fleet_stopped_once_settled_unstable_has_the_full_runs_verdict():
     assert all(any(v) and not all(v) for v in verdicts.values()), verdicts
     assert all(stopped_early.values()), stopped_early
 
+
+def test_one_replica_and_join_shortest_queue_fleets_are_judged_on_their_busiest_replica():
+    rng = np.random.default_rng(7)
+    stricter = 0
+    for _ in range(20):
+        replicas = int(rng.integers(1, 9))
+        trace = fleet_at_load(int(rng.integers(2 ** 16)), replicas, rng.uniform(0.6, 1.1), 200)
+        timeline = Timeline(len(trace), False)
+        fleet = [Replica(MODEL, "continuous", 1, 512, None, 16, timeline) for _ in range(replicas)]
+        result = run_replicas(trace, fleet, join_shortest_queue(), 20.0, "continuous", 1, 512)
+        busiest = max(r.backlog_growth() for r in fleet)
+        assert result.backlog_growth_s == busiest
+        assert result.stable is bool(result.finished.all() and busiest < -LOAD_RESOLUTION * trace.duration_s)
+        assert one_slot_fleet(trace, replicas, "join_shortest_queue").stable is result.stable
+        # the fleet's mean per-replica load alone would pass some of them
+        stricter += not result.stable and service_s(trace).sum() / replicas < trace.duration_s
+    assert stricter > 0
+    for seed in SEEDS:
+        trace = at_load(seed, 0.98)
+        alone = simulate(trace, MODEL, "continuous", 1)
+        for router in ROUTERS:
+            one = one_slot_fleet(trace, 1, router)
+            assert one.backlog_growth_s == alone.backlog_growth_s and one.stable is alone.stable
