@@ -181,9 +181,8 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
 
     def replicas_below_keep_up(model) -> float:
         """With one slot per replica: the fleet size up to which the busy-time floor alone brings the mean
-        per-replica load to 1 or more at some target rate, unstable (round robin is judged on that mean,
-        join shortest queue on its busiest replica, whose growth is at least the mean's). With more slots
-        nothing is known (0)."""
+        per-replica load to 1 or more at some target rate, unstable (a fleet is judged on that mean, whatever
+        its router). With more slots nothing is known (0)."""
         return floor_load(model) if cap == 1 else 0.0
 
     def latency_floor_speedup(model) -> float:

@@ -1,6 +1,6 @@
 """"Keeps up" is judged at saturation: M/G/1 traces (one slot, a known service time per request) at a
-given load of their own are stable below load 1 - LOAD_RESOLUTION and unstable from there on; a
-round-robin fleet of such replicas likewise at a mean per-replica load of 1 - LOAD_RESOLUTION."""
+given load of their own are stable below load 1 - LOAD_RESOLUTION and unstable from there on; a fleet of
+such replicas likewise at a mean per-replica load of 1 - LOAD_RESOLUTION, whatever its router."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -119,14 +119,15 @@ def test_a_round_robin_fleet_keeps_up_on_its_mean_load_though_one_replica_falls_
 @settings(max_examples=30)
 @given(seed=st.integers(0, 2 ** 16), replicas=st.integers(2, 64), requests=st.integers(2, 300),
        rho=st.one_of(st.floats(0.8, 1.2), st.sampled_from([1.0 - 10 * LOAD_RESOLUTION, 1.0])),
-       policy=st.sampled_from(["static", "continuous"]))
-def test_a_one_slot_round_robin_fleet_keeps_up_exactly_below_its_mean_load_of_one(seed, replicas, requests, rho,
-                                                                                   policy):
+       policy=st.sampled_from(["static", "continuous"]), router=st.sampled_from(sorted(ROUTERS)))
+def test_a_one_slot_fleet_keeps_up_exactly_below_its_mean_load_of_one_whatever_its_router(seed, replicas,
+                                                                                           requests, rho,
+                                                                                           policy, router):
     trace = fleet_at_load(seed, replicas, rho, requests)
-    fleet = simulate_fleet(trace, MODEL, policy, 1, 512, None, 16, 20.0, replicas, "round_robin")
+    fleet = simulate_fleet(trace, MODEL, policy, 1, 512, None, 16, 20.0, replicas, router)
     total = service_s(trace).sum()
-    # each replica's backlog grows over the trace by its own service minus the duration (fewer requests
-    # than replicas leave some with none: minus the duration)
+    # each replica's backlog grows over the trace by its own service minus the duration, whichever requests
+    # the router sent it (fewer requests than replicas leave some with none: minus the duration)
     assert fleet.backlog_growth_s == pytest.approx(total / replicas - trace.duration_s,
                                                    abs=1e-9 * trace.duration_s)
     assert fleet.finished.all() and not fleet.truncated
@@ -155,25 +156,31 @@ def test_a_fleet_stopped_once_settled_unstable_has_the_full_runs_verdict():
     assert all(stopped_early.values()), stopped_early
 
 
-def test_one_replica_and_join_shortest_queue_fleets_are_judged_on_their_busiest_replica():
-    rng = np.random.default_rng(7)
-    stricter = 0
-    for _ in range(20):
-        replicas = int(rng.integers(1, 9))
-        trace = fleet_at_load(int(rng.integers(2 ** 16)), replicas, rng.uniform(0.6, 1.1), 200)
-        timeline = Timeline(len(trace), False)
-        fleet = [Replica(MODEL, "continuous", 1, 512, None, 16, timeline) for _ in range(replicas)]
-        result = run_replicas(trace, fleet, join_shortest_queue(), 20.0, "continuous", 1, 512)
-        busiest = max(r.backlog_growth() for r in fleet)
-        assert result.backlog_growth_s == busiest
-        assert result.stable is bool(result.finished.all() and busiest < -LOAD_RESOLUTION * trace.duration_s)
-        assert one_slot_fleet(trace, replicas, "join_shortest_queue").stable is result.stable
-        # the fleet's mean per-replica load alone would pass some of them
-        stricter += not result.stable and service_s(trace).sum() / replicas < trace.duration_s
-    assert stricter > 0
+@pytest.mark.parametrize("rho", [0.8, 0.9])
+def test_a_join_shortest_queue_fleet_keeps_up_on_its_mean_load_though_its_first_replica_falls_behind(rho):
+    # 4 one-slot replicas, 200 requests: ties go to replica 0, which takes every arrival finding the fleet
+    # idle, so it has little slack and its own growth is about its last request's time in the system
+    busiest = []
     for seed in SEEDS:
-        trace = at_load(seed, 0.98)
-        alone = simulate(trace, MODEL, "continuous", 1)
-        for router in ROUTERS:
-            one = one_slot_fleet(trace, 1, router)
-            assert one.backlog_growth_s == alone.backlog_growth_s and one.stable is alone.stable
+        trace = fleet_at_load(seed, 4, rho, 200)
+        timeline = Timeline(len(trace), False)
+        fleet = [Replica(MODEL, "continuous", 1, 512, None, 16, timeline) for _ in range(4)]
+        result = run_replicas(trace, fleet, join_shortest_queue(), 20.0, "continuous", 1, 512)
+        busiest.append(max(r.backlog_growth() for r in fleet))
+        assert result.backlog_growth_s == pytest.approx(service_s(trace).sum() / 4 - trace.duration_s,
+                                                        abs=1e-9 * trace.duration_s)
+        assert result.finished.all() and result.stable
+        assert one_slot_fleet(trace, 4, "join_shortest_queue").stable
+    # judged on its busiest replica, the fleet would have fallen behind on some seed
+    assert max(busiest) > 0.0, busiest
+
+
+def test_a_one_replica_fleet_of_either_router_is_simulate():
+    for seed in SEEDS:
+        for rho in (0.98, 1.02):
+            trace = at_load(seed, rho)
+            alone = simulate(trace, MODEL, "continuous", 1)
+            for router in ROUTERS:
+                one = one_slot_fleet(trace, 1, router)
+                assert one.backlog_growth_s == alone.backlog_growth_s and one.stable is alone.stable
+                np.testing.assert_array_equal(one.completion_s, alone.completion_s)

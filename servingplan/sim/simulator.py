@@ -20,27 +20,40 @@ waiting for a slot and the service itself. Once the last request is in and the c
 plus the slack, with the request unfinished, the verdict is settled, so a run that only needs the
 verdict stops there (`stop_when_unstable`).
 
-A fleet behind a router that reads the replicas' state (join shortest queue) is judged on its busiest
-replica's own growth: each replica's arrivals depend on the others' queues, so the replicas are no
-independent samples of one load as below; the test is the stricter one (the largest growth is at least
-the mean, and a replica's own growth at least its growth over the trace, defined below). A round-robin
-fleet of more than one replica is judged on its replicas' mean growth instead. Round robin fixes each
-request's replica up front, every r-th request to the same one, so the replicas are independent queues
-with the same statistics: in the long run each keeps up iff their common load, the fleet's mean
-per-replica load, is below 1. One replica's own sub-trace, n/r requests, is a small sample of that load
-(64 replicas at 9 req/s get about 9 requests each, and one whose few requests happen to carry more
-service than their span grows a backlog although the fleet's load is well below 1); the mean pools every
-request. Each replica's growth is taken over the trace's whole span, up to the trace's last arrival T
+A fleet of more than one replica is judged on its replicas' mean growth, whatever its router. Each
+replica's growth is taken over the trace's whole span, up to the trace's last arrival T
 (`Replica.growth_over_trace`: its own growth minus T - its last arrival, time it also had to work its
 backlog off), so that the replicas' growths cover one span; up to each one's own last arrival, the mean
 would also charge the fleet the gaps between the trace's last r arrivals. For one slot, FCFS, a replica's
-growth over [0, T] is its own total service minus T (its work left at T minus its slack until T), so the
-mean is (the trace's total service) / r - T, and the test reads "the fleet's mean per-replica load, total
-service over r * duration, is below 1 - LOAD_RESOLUTION": the single replica's test on each replica's
-share of the trace. The early stop holds for the mean too: while a replica's last request is unfinished,
-its growth over the trace exceeds its clock minus T minus its slack, so once these lower bounds (a
-drained replica's exact growth) sum to -LOAD_RESOLUTION * T per replica or more, the verdict is settled
-(`drain_judged_on_mean`).
+growth over [0, T] is its own total service minus T (its work left at T minus its slack until T: it works
+without a break from its own last arrival until its last request completes, so its busy time is its own
+service), whichever requests the router sent it. So under any router the mean is (the trace's total
+service) / r - T, and the test reads "the fleet's mean per-replica load, total service over r * duration,
+is below 1 - LOAD_RESOLUTION": the single replica's test on each replica's share of the trace.
+
+Why the mean and not the busiest replica. Round robin fixes each request's replica up front, every r-th
+request to the same one, so the replicas are independent queues with the same statistics: in the long run
+each keeps up iff their common load, the fleet's mean per-replica load, is below 1. One replica's own
+sub-trace, n/r requests, is a small sample of that load (64 replicas at 9 req/s get about 9 requests each,
+and one whose few requests happen to carry more service than their span grows a backlog although the
+fleet's load is well below 1); the mean pools every request. Join shortest queue sends each request to a
+replica with the fewest requests in it, so while one replica's backlog grows and another sits idle, every
+arrival goes to the idle one (or another as short) and the long one's backlog only drains: a growing
+backlog on one replica beside an idle one cannot persist. The fleet is then close to work-conserving, one
+queue served by r engines, which keeps up iff its load, total service over r engines' time, the same mean
+per-replica load, is below 1. The busiest replica's own growth measures instead which replica held the
+last requests, and how much slack it happened to have: ties go to the lowest index, so replica 0 takes
+every arrival that finds the fleet idle and has little slack (4-19 s before its last arrival against
+150-164 s on replica 3, in 4 one-slot replicas at mean load 0.8), its growth is about its last request's
+time in the system, and it judged such fleets unstable on some seeds, which oversized join-shortest-queue
+fleets.
+
+The early stop holds for the mean too. Once the trace's last request has arrived, no request is routed
+any more and each replica serves what it holds alone, so the replicas drain one after the other (the run
+of a state-reading router advances them together, arrival by arrival, up to the last arrival, and stops
+none of them before it). While a replica's last request is unfinished, its growth over the trace exceeds
+its clock minus T minus its slack, so once these lower bounds (a drained replica's exact growth) sum to
+-LOAD_RESOLUTION * T per replica or more, the verdict is settled (`drain_judged_on_mean`).
 """
 from __future__ import annotations
 
@@ -79,9 +92,8 @@ class SimResult:
     peak_kv_blocks: int
     peak_kv_tokens: int
     backlog_growth_s: float | None  # the backlog growth keeping up is judged on (module's note): one replica's,
-                                    # the busiest one's behind a state-reading router, the replicas' mean over
-                                    # the trace behind round robin; None where not measured (the real engine):
-                                    # judged on completion alone
+                                    # a fleet's replicas' mean over the trace, whatever its router; None where
+                                    # not measured (the real engine): judged on completion alone
     policy: str
     max_num_seqs: int
     chunk_size: int
@@ -94,8 +106,8 @@ class SimResult:
 
     @property
     def stable(self) -> bool:
-        """Kept up: ran to completion, and its load stayed below saturation: one replica's, a state-reading
-        router's busiest replica's, a round-robin fleet's mean per-replica load (see the module's note)."""
+        """Kept up: ran to completion, and its load stayed below saturation: one replica's, a fleet's mean
+        per-replica load, whatever its router (see the module's note)."""
         duration = float(self.arrival_s[-1]) if len(self.arrival_s) else 0.0
         return (not self.truncated and not self.rejected.any()
                 and (self.backlog_growth_s is None or self.backlog_growth_s < -LOAD_RESOLUTION * duration))
@@ -304,8 +316,9 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
     verdicts: such a run's latencies are not the full run's). A route that reads no replica's state
     (`route_reads_state` False: round robin) fixes every request's replica up front, so each replica
     serves its own arrivals alone, as its own simulation would (no other replica's arrival interrupts its
-    fast-forwarded decode runs), and more than one such replica are judged on their mean growth (the
-    module's note)."""
+    fast-forwarded decode runs); one that does advances every replica to each arrival. After the last
+    arrival the replicas drain alone, and more than one are judged on their mean growth, whatever the
+    route (the module's note)."""
     n = len(trace)
     timeline = replicas[0].timeline
     seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
@@ -334,8 +347,8 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
                 replica.advance(arrival, horizon)
                 rejected[i] = not replica.add(seqs[i], arrival)
     duration = trace.duration_s
-    judged_on_mean = not route_reads_state and len(replicas) > 1
-    if judged_on_mean:
+    # every replica has had its last arrival: from here on the replicas run independently, whatever the router
+    if len(replicas) > 1:
         drain_judged_on_mean(replicas, duration, horizon, stop_when_unstable)
         backlog_growth = math.fsum(r.growth_over_trace(duration) for r in replicas) / len(replicas)
     else:
@@ -363,10 +376,11 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
 
 
 def drain_judged_on_mean(replicas: list[Replica], duration: float, horizon: float, stop_when_unstable: bool) -> None:
-    """Drain replicas judged on their mean growth over the trace, one after the other (they serve their
-    own arrivals alone). With `stop_when_unstable`, a replica stops, its last request unfinished, once its
-    clock makes the mean of every replica's lower bound (growth_over_trace_at_least) reach the unstable
-    side, -LOAD_RESOLUTION * duration; each replica drained after it then stops at once."""
+    """Drain replicas judged on their mean growth over the trace, one after the other (past the trace's
+    last arrival each serves what it holds alone, whatever routed it there). With `stop_when_unstable`, a
+    replica stops, its last request unfinished, once its clock makes the mean of every replica's lower
+    bound (growth_over_trace_at_least) reach the unstable side, -LOAD_RESOLUTION * duration; each replica
+    drained after it then stops at once."""
     unstable_sum = -LOAD_RESOLUTION * duration * len(replicas)
     bounds = [r.growth_over_trace_at_least(duration) for r in replicas]
     for k, replica in enumerate(replicas):
