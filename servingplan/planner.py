@@ -180,8 +180,9 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
         return max(busy_floor(t, model, policy, cap) * rate / len(t) for t in draws for rate in rates.values())
 
     def replicas_below_keep_up(model) -> float:
-        """With one slot per replica: replicas whose busiest one the busy-time floor alone fills (a load
-        >= 1, unstable) at some target rate. With more slots nothing is known (0)."""
+        """With one slot per replica: the fleet size up to which the busy-time floor alone brings the mean
+        per-replica load to 1 or more at some target rate, unstable (a fleet is judged on that mean, whatever
+        its router). With more slots nothing is known (0)."""
         return floor_load(model) if cap == 1 else 0.0
 
     def latency_floor_speedup(model) -> float:

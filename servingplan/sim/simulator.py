@@ -19,6 +19,41 @@ requests). With more slots, a request's long decode chain alone does not count a
 waiting for a slot and the service itself. Once the last request is in and the clock passes its arrival
 plus the slack, with the request unfinished, the verdict is settled, so a run that only needs the
 verdict stops there (`stop_when_unstable`).
+
+A fleet of more than one replica is judged on its replicas' mean growth, whatever its router. Each
+replica's growth is taken over the trace's whole span, up to the trace's last arrival T
+(`Replica.growth_over_trace`: its own growth minus T - its last arrival, time it also had to work its
+backlog off), so that the replicas' growths cover one span; up to each one's own last arrival, the mean
+would also charge the fleet the gaps between the trace's last r arrivals. For one slot, FCFS, a replica's
+growth over [0, T] is its own total service minus T (its work left at T minus its slack until T: it works
+without a break from its own last arrival until its last request completes, so its busy time is its own
+service), whichever requests the router sent it. So under any router the mean is (the trace's total
+service) / r - T, and the test reads "the fleet's mean per-replica load, total service over r * duration,
+is below 1 - LOAD_RESOLUTION": the single replica's test on each replica's share of the trace.
+
+Why the mean and not the busiest replica. Round robin fixes each request's replica up front, every r-th
+request to the same one, so the replicas are independent queues with the same statistics: in the long run
+each keeps up iff their common load, the fleet's mean per-replica load, is below 1. One replica's own
+sub-trace, n/r requests, is a small sample of that load (64 replicas at 9 req/s get about 9 requests each,
+and one whose few requests happen to carry more service than their span grows a backlog although the
+fleet's load is well below 1); the mean pools every request. Join shortest queue sends each request to a
+replica with the fewest requests in it, so while one replica's backlog grows and another sits idle, every
+arrival goes to the idle one (or another as short) and the long one's backlog only drains: a growing
+backlog on one replica beside an idle one cannot persist. The fleet is then close to work-conserving, one
+queue served by r engines, which keeps up iff its load, total service over r engines' time, the same mean
+per-replica load, is below 1. The busiest replica's own growth measures instead which replica held the
+last requests, and how much slack it happened to have: ties go to the lowest index, so replica 0 takes
+every arrival that finds the fleet idle and has little slack (4-19 s before its last arrival against
+150-164 s on replica 3, in 4 one-slot replicas at mean load 0.8), its growth is about its last request's
+time in the system, and it judged such fleets unstable on some seeds, which oversized join-shortest-queue
+fleets.
+
+The early stop holds for the mean too. Once the trace's last request has arrived, no request is routed
+any more and each replica serves what it holds alone, so the replicas drain one after the other (the run
+of a state-reading router advances them together, arrival by arrival, up to the last arrival, and stops
+none of them before it). While a replica's last request is unfinished, its growth over the trace exceeds
+its clock minus T minus its slack, so once these lower bounds (a drained replica's exact growth) sum to
+-LOAD_RESOLUTION * T per replica or more, the verdict is settled (`drain_judged_on_mean`).
 """
 from __future__ import annotations
 
@@ -56,8 +91,9 @@ class SimResult:
     peak_running: int
     peak_kv_blocks: int
     peak_kv_tokens: int
-    backlog_growth_s: float | None  # the largest replica's backlog growth over the arrivals (module's note);
-                                    # None where not measured (the real engine): judged on completion alone
+    backlog_growth_s: float | None  # the backlog growth keeping up is judged on (module's note): one replica's,
+                                    # a fleet's replicas' mean over the trace, whatever its router; None where
+                                    # not measured (the real engine): judged on completion alone
     policy: str
     max_num_seqs: int
     chunk_size: int
@@ -70,8 +106,8 @@ class SimResult:
 
     @property
     def stable(self) -> bool:
-        """Kept up: ran to completion, and its busiest replica's load stayed below saturation (see the
-        module's note)."""
+        """Kept up: ran to completion, and its load stayed below saturation: one replica's, a fleet's mean
+        per-replica load, whatever its router (see the module's note)."""
         duration = float(self.arrival_s[-1]) if len(self.arrival_s) else 0.0
         return (not self.truncated and not self.rejected.any()
                 and (self.backlog_growth_s is None or self.backlog_growth_s < -LOAD_RESOLUTION * duration))
@@ -152,6 +188,23 @@ class Replica:
         i, arrival, slack = self.last
         done = self.timeline.done[i]
         return float((math.inf if math.isnan(done) else done - arrival) - slack)
+
+    def growth_over_trace(self, duration: float) -> float:
+        """Its backlog growth over the trace's whole span, up to the trace's last arrival `duration` rather
+        than up to its own: the time after its own last arrival also served to work its backlog off
+        (module's note). A replica that got no request had only slack."""
+        if self.last is None:
+            return -duration
+        return self.backlog_growth() - (duration - self.last[1])
+
+    def growth_over_trace_at_least(self, duration: float) -> float:
+        """growth_over_trace known at its clock: exact once its last request finished, else a lower bound
+        (the request finishes after the clock)."""
+        if self.last is None:
+            return -duration
+        i, arrival, slack = self.last
+        done = self.timeline.done[i]
+        return float((self.t if math.isnan(done) else done) - arrival - slack) - (duration - arrival)
 
     def advance(self, until: float, horizon: float, settled_by: float = math.inf) -> None:
         """Run steps while the clock is before `until` (a step that starts before it runs to its
@@ -259,11 +312,13 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
     """Feed the trace's arrivals to the replicas through `route(replicas, seq) -> index`, then drain.
     The run stops at `horizon_factor` trace-durations (at least 60 s past the last arrival); work
     left then marks it truncated, i.e. the queue was unstable. With `stop_when_unstable` it also stops,
-    truncated, as soon as a replica's backlog growth settles the run unstable (for searches that read only
+    truncated, as soon as the backlog growth settles the run unstable (for searches that read only
     verdicts: such a run's latencies are not the full run's). A route that reads no replica's state
     (`route_reads_state` False: round robin) fixes every request's replica up front, so each replica
     serves its own arrivals alone, as its own simulation would (no other replica's arrival interrupts its
-    fast-forwarded decode runs)."""
+    fast-forwarded decode runs); one that does advances every replica to each arrival. After the last
+    arrival the replicas drain alone, and more than one are judged on their mean growth, whatever the
+    route (the module's note)."""
     n = len(trace)
     timeline = replicas[0].timeline
     seqs = [Seq(i, int(p), int(o)) for i, (p, o) in enumerate(zip(trace.prompt_tokens, trace.output_tokens))]
@@ -291,11 +346,18 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
             for i, arrival in requests:
                 replica.advance(arrival, horizon)
                 rejected[i] = not replica.add(seqs[i], arrival)
-    resolution = LOAD_RESOLUTION * trace.duration_s
-    for replica in replicas:
-        settled_by = (replica.last[1] + replica.last[2] - resolution
-                      if stop_when_unstable and replica.last is not None else math.inf)
-        replica.advance(math.inf, horizon, settled_by)
+    duration = trace.duration_s
+    # every replica has had its last arrival: from here on the replicas run independently, whatever the router
+    if len(replicas) > 1:
+        drain_judged_on_mean(replicas, duration, horizon, stop_when_unstable)
+        backlog_growth = math.fsum(r.growth_over_trace(duration) for r in replicas) / len(replicas)
+    else:
+        resolution = LOAD_RESOLUTION * duration
+        for replica in replicas:
+            settled_by = (replica.last[1] + replica.last[2] - resolution
+                          if stop_when_unstable and replica.last is not None else math.inf)
+            replica.advance(math.inf, horizon, settled_by)
+        backlog_growth = max(r.backlog_growth() for r in replicas)
     truncated = any(not r.sched.idle for r in replicas) or arrived < n
 
     return SimResult(
@@ -307,10 +369,28 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
         token_spans=timeline.spans, end_s=max(r.t for r in replicas), truncated=truncated,
         steps=sum(r.steps for r in replicas), events=sum(r.events for r in replicas),
         peak_running=max(r.peak_running for r in replicas), peak_kv_blocks=max(r.peak_blocks for r in replicas),
-        peak_kv_tokens=max(r.peak_tokens for r in replicas), backlog_growth_s=max(r.backlog_growth() for r in replicas),
+        peak_kv_tokens=max(r.peak_tokens for r in replicas), backlog_growth_s=backlog_growth,
         policy=policy, max_num_seqs=max_num_seqs, chunk_size=chunk_size, meta={"replicas": len(replicas)},
         step_table=replicas[0].recorder.frame() if len(replicas) == 1 and replicas[0].recorder is not None else None,
     )
+
+
+def drain_judged_on_mean(replicas: list[Replica], duration: float, horizon: float, stop_when_unstable: bool) -> None:
+    """Drain replicas judged on their mean growth over the trace, one after the other (past the trace's
+    last arrival each serves what it holds alone, whatever routed it there). With `stop_when_unstable`, a
+    replica stops, its last request unfinished, once its clock makes the mean of every replica's lower
+    bound (growth_over_trace_at_least) reach the unstable side, -LOAD_RESOLUTION * duration; each replica
+    drained after it then stops at once."""
+    unstable_sum = -LOAD_RESOLUTION * duration * len(replicas)
+    bounds = [r.growth_over_trace_at_least(duration) for r in replicas]
+    for k, replica in enumerate(replicas):
+        settled_by = math.inf
+        if stop_when_unstable and replica.last is not None:
+            # its bound while its last request is unfinished is clock - slack - duration: the clock at
+            # which the bounds' sum reaches unstable_sum
+            settled_by = replica.last[2] + duration + unstable_sum - math.fsum(bounds[:k] + bounds[k + 1:])
+        replica.advance(math.inf, horizon, settled_by)
+        bounds[k] = replica.growth_over_trace_at_least(duration)
 
 
 def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
