@@ -51,10 +51,8 @@ class Trace:
     @property
     def mean_rate_rps(self) -> float | None:
         """Requests per second over the span of the arrivals (None when they all arrive at once, within
-        MIN_TRACE_SPAN_S)."""
-        # the span between first and last arrival decides: a burst logged at t = 3.5 s is still a burst
-        span = float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) else 0.0
-        return len(self) / self.duration_s if min(span, self.duration_s) >= MIN_TRACE_SPAN_S else None
+        MIN_TRACE_SPAN_S): mean_rate."""
+        return mean_rate(self.arrival_s)
 
     def with_rate(self, rate: float) -> "Trace":
         """The same requests with arrival gaps rescaled to another mean rate. A burst (every arrival
@@ -69,6 +67,18 @@ class Trace:
             raise ValueError(f"{len(self)} requests at rate {rate:g} span {scaled.duration_s:.3g} s: at most "
                              f"{MAX_TRACE_SPAN_S:g} s allowed")
         return scaled
+
+
+def mean_rate(arrival_s: np.ndarray) -> float | None:
+    """Requests per second of sorted arrivals, counted from time 0 to the last one; None when they all
+    arrive at once, within MIN_TRACE_SPAN_S. The one definition of a trace's rate: the trace's own, the
+    rescaling's and a run's summary all read it, so a burst has no rate anywhere, and no rate exceeds
+    MAX_TRACE_ROWS / MIN_TRACE_SPAN_S (dividing by a finer span, 1e-320 s, gave infinity)."""
+    if not len(arrival_s):
+        return None
+    # the span between first and last arrival decides: a burst logged at t = 3.5 s is still a burst
+    span, duration = float(arrival_s[-1] - arrival_s[0]), float(arrival_s[-1])
+    return len(arrival_s) / duration if min(span, duration) >= MIN_TRACE_SPAN_S else None
 
 
 def _lognormal_mu(mean: float, sigma: float, lo: int, hi: int) -> float:

@@ -486,6 +486,27 @@ def test_a_burst_replayed_at_its_own_pace_has_no_rate_but_valid_json(tmp_path, c
     assert rows[0]["rate"] is None
 
 
+@pytest.mark.parametrize("second", ["1e-320", "5e-7"])
+def test_a_bursts_summary_has_no_request_rate_as_the_burst_has_none(tmp_path, capsys, second):
+    """Found by the generative suite: the summary of a burst replayed at its own pace divided its 2 requests
+    by the 1e-320 s to the last arrival, and request_rate came out inf (5e-7 s made up 4e6 req/s), where
+    the trace's own rate and the CLI's row have none."""
+    path = trace_file(tmp_path, f"0,10,5\n{second},12,6\n")
+    code, out, _ = cli_lines(capsys, "--trace", path, "--json")
+    assert code == 0 and json.loads(out)[0]["rate"] is None
+    trace = workload.load_trace(path).trace
+    summary = metrics.summarize(simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512),
+                                metrics.SLO(ttft_ms=1000))
+    assert trace.mean_rate_rps is None and summary["request_rate"] is None
+    json.dumps(summary, allow_nan=False)
+
+
+def test_a_runs_request_rate_is_its_traces_own_rate(tmp_path):
+    trace = workload.load_trace(trace_file(tmp_path, "1,10,5\n1.5,12,6\n3,9,4\n")).trace
+    summary = metrics.summarize(simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512))
+    assert summary["request_rate"] == trace.mean_rate_rps == 1.5
+
+
 def test_workload_description_of_a_burst_is_valid_json(tmp_path):
     path = trace_file(tmp_path, "0,10,5\n1e-320,12,6\n")
     described = workload.describe({"rate": 5.0, "trace": {"path": path}})
