@@ -376,6 +376,50 @@ def test_a_trace_spanning_1e300_s_is_refused(tmp_path, capsys):
         assert "at most 1e+08 s" in refusal(trace_config(path))
 
 
+def test_a_skipped_rows_timestamp_1e300_s_from_the_others_is_refused(tmp_path, capsys):
+    """The generative suite's Azure file with seconds: the row at 1e300 s asks for 0 prompt tokens, so it was
+    skipped before the span was checked, and the two left (0 and 1e-320 s) were accepted. A skipped row's
+    timestamp is the same clock, so every row is in the span."""
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1e+300,0,5\n0.0,10,5\n1e-320,12,6\n")
+    said = (f"trace {path}: TIMESTAMP spans 1e+300 s, from 0.0 (line 3) to 1e+300 (line 2); at most 1e+08 s "
+            "(about three years) allowed")
+    keys = {"layout": "azure", "timestamps": "seconds"}
+    with no_hang():
+        assert said in refusal(trace_config(path, **keys))
+        with pytest.raises(ValueError) as raised:
+            workload.describe({"rate": 2.0, "trace": {"path": str(path), **keys}})
+        assert str(raised.value) == said
+        assert said in cli_error(capsys, "--trace", str(path), "--trace-layout", "azure", "--trace-timestamps", "seconds")
+
+
+@pytest.mark.parametrize("body, layout, line, said", [
+    ("100000000000000000000,10,5\n100000000000000000001,12,6\n", "servingplan", 2,
+     "arrival_s = 100000000000000000000: 1e+20 s from time 0, where float64 seconds resolve only 1.6e+04 s"),
+    ("9999-12-31 23:59:59,10,5\n9999-12-31 23:59:59.5,12,6\n", "azure", 3,
+     "TIMESTAMP = 9999-12-31 23:59:59.5: 2.53e+11 s from 1970, where float64 seconds resolve only 3.1e-05 s")],
+    ids=["seconds at 1e20", "dates in 9999"])
+def test_timestamps_too_far_from_time_0_to_tell_a_microsecond_apart_are_refused(tmp_path, capsys, body, layout,
+                                                                                 line, said):
+    """Two rows a second apart at 1e20 s read as one instant once the first timestamp was subtracted: a
+    burst made up by float64, whose spacing there is 16,384 s."""
+    path = tmp_path / "trace.csv"
+    path.write_text({"servingplan": HEADER, "azure": "TIMESTAMP,ContextTokens,GeneratedTokens\n"}[layout] + body)
+    allowed = ("must be a time in [0, 8.59e+09) s (2^33 s)" if layout == "servingplan" else
+               "must be a date from 1697-10-17 to 2242-03-16 (within 2^33 s of 1970)")
+    for message in (refusal(trace_config(path, layout=layout)), cli_error(capsys, "--trace", str(path), "--trace-layout",
+                                                                           layout)):
+        assert f"trace {path} line {line}: {said}" in message and message.rstrip().endswith(allowed)
+
+
+def test_a_workload_csv_at_1e300_s_is_refused_where_it_replayed_with_no_time_passing(tmp_path, capsys):
+    """--workload keeps a CSV's own times: two rows at 1e300 s spanned 0 s and were replayed at 1e300 s,
+    where a step's milliseconds vanish (TTFT came out 0 ms)."""
+    path = trace_file(tmp_path, "1e300,10,5\n1e300,12,6\n")
+    assert (f"trace {path} line 2: arrival_s = 1e300: must be a finite time >= 0 and at most 1e+08 s (about three "
+            "years)") in cli_error(capsys, "--workload", path)
+
+
 def test_rescaling_to_a_tiny_rate_cannot_make_an_endless_trace(tmp_path, capsys):
     path = trace_file(tmp_path, "0,10,5\n1,10,5\n")
     assert "at most 1e+08 s" in cli_error(capsys, "--trace", path, "--rate", "1e-12")
