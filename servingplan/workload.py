@@ -61,16 +61,25 @@ class Trace:
     def with_rate(self, rate: float) -> "Trace":
         """The same requests with arrival gaps rescaled to another mean rate. A burst (every arrival
         within MIN_TRACE_SPAN_S) has no gaps to rescale, and a rescaled span past MAX_TRACE_SPAN_S
-        could not be simulated: both raise ValueError."""
+        could not be simulated (check_replay_rate): both raise ValueError."""
         current = self.mean_rate_rps
         if current is None:
             raise ValueError(f"all {len(self)} requests arrive within {MIN_TRACE_SPAN_S:g} s of each other, so "
                              f"there are no gaps to rescale to rate {rate:g}")
-        scaled = Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
-        if not scaled.duration_s <= MAX_TRACE_SPAN_S:
-            raise ValueError(f"{len(self)} requests at rate {rate:g} span {scaled.duration_s:.3g} s: at most "
-                             f"{MAX_TRACE_SPAN_S:g} s allowed")
-        return scaled
+        check_replay_rate(len(self), rate)
+        return Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
+
+
+def check_replay_rate(requests: int, rate: float) -> None:
+    """ValueError unless `requests` arrivals at `rate` per second (on average, as drawn or rescaled)
+    span at most MAX_TRACE_SPAN_S, the longest a simulation replays; at rate inf they span none. (A rate
+    <= 0 is no rate at all: the draws refuse it themselves.)"""
+    span = requests / rate if rate > 0 else 0.0
+    if not span <= MAX_TRACE_SPAN_S:
+        # repr, not :g, names a subnormal rate as written (1e-320, not 9.99989e-321)
+        spans = f"{span:.3g} s" if math.isfinite(span) else "more seconds than a float holds"
+        raise ValueError(f"{requests} requests at rate {rate!r} span {spans}: at most {MAX_TRACE_SPAN_S:g} s allowed "
+                         f"(a rate >= {requests / MAX_TRACE_SPAN_S:.3g} req/s)")
 
 
 def mean_rate(arrival_s: np.ndarray) -> float | None:
@@ -158,7 +167,7 @@ def vllm_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generat
 def generate(spec: dict, seed: int) -> Trace:
     """A trace from a workload spec: {num_requests, rate, [burstiness], prompt: {...}, output: {...}}
     (without burstiness and at a finite rate, Poisson arrivals; with it or at rate inf, vLLM's draw,
-    vllm_arrivals), or a file:
+    vllm_arrivals; a rate that spreads them past MAX_TRACE_SPAN_S raises ValueError), or a file:
     {trace: {path, layout, columns, timestamps, rate}} (see load_trace; the same trace for every seed)
     or {trace_csv}."""
     if spec.get("trace"):
@@ -167,6 +176,7 @@ def generate(spec: dict, seed: int) -> Trace:
         return load_trace_csv(spec["trace_csv"])
     rng = np.random.default_rng(seed)
     n = int(spec["num_requests"])
+    check_replay_rate(n, float(spec["rate"]))
     if spec.get("burstiness") is not None or math.isinf(float(spec["rate"])):
         arrivals = vllm_arrivals(n, float(spec["rate"]), float(spec.get("burstiness") or 1.0), rng)
     else:

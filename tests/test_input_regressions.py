@@ -425,6 +425,41 @@ def test_rescaling_to_a_tiny_rate_cannot_make_an_endless_trace(tmp_path, capsys)
     assert "at most 1e+08 s" in cli_error(capsys, "--trace", path, "--rate", "1e-12")
 
 
+def test_a_workload_rate_that_spreads_a_trace_past_1e8_s_is_refused_by_the_config(tmp_path):
+    """workload.rate = 1e-320 passed the check, and the workload description divided by it: the replayed
+    span and the gap scale came out inf, which the workload stage cannot write (the sweep would have
+    refused the rate hours later)."""
+    path = trace_file(tmp_path, "".join(f"{i / 6:.4f},{20 + i},8\n" for i in range(60)))
+    config = trace_config(path)
+    config["workload"]["rate"] = 1e-320
+    assert refusal(config) == ("config error: workload.rate = 1e-320: 60 requests at rate 1e-320 span more seconds "
+                               "than a float holds: at most 1e+08 s allowed (a rate >= 6e-07 req/s)")
+    config["workload"]["rate"] = 6e-07
+    assert config_refused(config) is None
+    described = workload.describe(config["workload"])
+    assert described["replayed_span_s"] <= workload.MAX_TRACE_SPAN_S
+    json.dumps(described, allow_nan=False)
+
+
+@pytest.mark.parametrize("key, value", [("workload.rate", 1e-9), ("sweep.rates", [1.0, 1e-9]),
+                                        ("slo.capacity_target_rate", 1e-9), ("capacity.rate_min", 1e-9),
+                                        ("exercise2.rate", 1e-9)])
+def test_every_rate_the_stages_replay_a_drawn_workload_at_is_bounded_by_its_span(key, value):
+    """A rate the sweep, the capacity search or exercise 2 draws or rescales the workload to, spreading its
+    requests over more than 1e8 s, passed the check and failed the stage (or ran a 6e11 s simulation)."""
+    message = refusal(with_value(key, value, QUICK))
+    shown = f"{key}[1]" if key == "sweep.rates" else key
+    assert message.startswith(f"config error: {shown} = 1e-09: ") and "at most 1e+08 s allowed" in message
+
+
+def test_cli_a_preset_at_a_rate_spreading_it_past_1e8_s_is_refused(capsys):
+    """--request-rate 1e-12 drew 50 requests over 5e13 s; the result's per-second token count then asked
+    for 400 TiB."""
+    assert cli_error(capsys, "--request-rate", "1e-12", "--num-requests", "50", "--seeds", "1", "--json") == (
+        "serving_sim: error: --request-rate: 50 requests at rate 1e-12 span 5e+13 s: at most 1e+08 s allowed (a rate "
+        ">= 5e-07 req/s)\n")
+
+
 # -- tracebacks -----------------------------------------------------------------------------------------
 
 def test_save_result_checks_its_path_before_any_simulation(tmp_path, capsys, monkeypatch):
