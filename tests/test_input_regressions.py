@@ -460,6 +460,14 @@ def test_cli_a_preset_at_a_rate_spreading_it_past_1e8_s_is_refused(capsys):
         ">= 5e-07 req/s)\n")
 
 
+def test_the_peak_tokens_per_second_needs_memory_for_the_tokens_not_the_span():
+    """The count was a bincount with a slot for every second of the run: 800 MB for a trace spanning
+    the 1e8 s allowed, 400 TiB for one spanning 5e13 s."""
+    from servingplan.vllm_result import peak_output_tokens_per_s
+    tokens = [np.array([0.2, 0.7, 1.5]), np.array([1e12 + 0.1, 1e12 + 0.3, 1e12 + 0.6, 1e12 + 1.2])]
+    assert peak_output_tokens_per_s(np.array([0.0, 1e12]), tokens) == 3.0
+
+
 # -- tracebacks -----------------------------------------------------------------------------------------
 
 def test_save_result_checks_its_path_before_any_simulation(tmp_path, capsys, monkeypatch):
