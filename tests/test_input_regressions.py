@@ -390,7 +390,8 @@ def test_a_skipped_rows_timestamp_1e300_s_from_the_others_is_refused(tmp_path, c
         with pytest.raises(ValueError) as raised:
             workload.describe({"rate": 2.0, "trace": {"path": str(path), **keys}})
         assert str(raised.value) == said
-        assert said in cli_error(capsys, "--trace", str(path), "--trace-layout", "azure", "--trace-timestamps", "seconds")
+        assert said in cli_error(capsys, "--trace", str(path), "--trace-layout", "azure", "--trace-timestamps",
+                                 "seconds")
 
 
 @pytest.mark.parametrize("body, layout, line, said", [
@@ -407,8 +408,8 @@ def test_timestamps_too_far_from_time_0_to_tell_a_microsecond_apart_are_refused(
     path.write_text({"servingplan": HEADER, "azure": "TIMESTAMP,ContextTokens,GeneratedTokens\n"}[layout] + body)
     allowed = ("must be a time in [0, 8.59e+09) s (2^33 s)" if layout == "servingplan" else
                "must be a date from 1697-10-17 to 2242-03-16 (within 2^33 s of 1970)")
-    for message in (refusal(trace_config(path, layout=layout)), cli_error(capsys, "--trace", str(path), "--trace-layout",
-                                                                           layout)):
+    cli = cli_error(capsys, "--trace", str(path), "--trace-layout", layout)
+    for message in (refusal(trace_config(path, layout=layout)), cli):
         assert f"trace {path} line {line}: {said}" in message and message.rstrip().endswith(allowed)
 
 
