@@ -86,7 +86,7 @@ def mean_rate(arrival_s: np.ndarray) -> float | None:
     """Requests per second of sorted arrivals, counted from time 0 to the last one; None when they all
     arrive at once, within MIN_TRACE_SPAN_S. The one definition of a trace's rate: the trace's own, the
     rescaling's and a run's summary all read it, so a burst has no rate anywhere, and no rate exceeds
-    MAX_TRACE_ROWS / MIN_TRACE_SPAN_S (dividing by a finer span, 1e-320 s, gave infinity)."""
+    the requests over MIN_TRACE_SPAN_S (dividing by a finer span, 1e-320 s, gave infinity)."""
     if not len(arrival_s):
         return None
     # the span between first and last arrival decides: a burst logged at t = 3.5 s is still a burst
