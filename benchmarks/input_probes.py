@@ -290,6 +290,16 @@ def issue19_trace_texts():
          {"columns": {"arrival": "prompt_tokens", "prompt_tokens": "prompt_tokens", "output_tokens": "prompt_tokens"}}),
         ("azure layout on a seconds file", "azure.csv", header + "0,10,5\n1,12,6\n", {"layout": "azure"}),
         ("datetime timestamps of seconds", "dt.csv", header + "0,10,5\n1,12,6\n", {"timestamps": "datetime"}),
+        # the generative suite's find: the 0-token row at 1e300 s was skipped before the span was checked
+        ("Azure seconds, a skipped row at 1e300 s beside 0 and 1e-320", "azure_skipped.csv",
+         "TIMESTAMP,ContextTokens,GeneratedTokens\n1e+300,0,5\n0.0,10,5\n1e-320,12,6\n",
+         {"layout": "azure", "timestamps": "seconds"}),
+        ("seconds at 1e20, a second apart (one float)", "e20.csv",
+         header + "100000000000000000000,10,5\n100000000000000000001,12,6\n", {}),
+        ("subnormal seconds only", "subnormals.csv", header + "5e-324,10,5\n1e-320,12,6\n2.2e-308,9,4\n", {}),
+        ("dates in the year 9999 (float64 resolves 31 us)", "y9999.csv",
+         "TIMESTAMP,ContextTokens,GeneratedTokens\n9999-12-31 23:59:59,10,5\n9999-12-31 23:59:59.5,12,6\n",
+         {"layout": "azure"}),
     ]
 
 
@@ -410,6 +420,17 @@ def config_probes_since_19(tmp: Path):
         ("workload.burstiness with a trace file (which keeps its own arrivals)",
          at(("workload", "burstiness"), 2.0, base), False, "burstiness"),
         ("workload.misspelled max_concurency", at(("workload", "max_concurency"), 4), False, "max_concurency"),
+        # a rate spreading the workload past the 1e8 s a simulation replays (1e-320: the workload
+        # description's replayed span and gap scale were infinite)
+        ("workload.rate = 1e-320 with a trace file", at(("workload", "rate"), 1e-320, base), False, "workload.rate"),
+        ("workload.rate = 6e-07 with a trace file (60 requests over 1e8 s)", at(("workload", "rate"), 6e-07, base),
+         True),
+        ("workload.rate = 1e-09", at(("workload", "rate"), 1e-09), False, "workload.rate"),
+        ("sweep.rates with 1e-09", at(("sweep", "rates"), [1, 1e-09]), False, r"sweep\.rates\[1\]"),
+        ("slo.capacity_target_rate = 1e-09", at(("slo", "capacity_target_rate"), 1e-09), False,
+         "slo.capacity_target_rate"),
+        ("capacity.rate_min = 1e-300", at(("capacity", "rate_min"), 1e-300), False, "capacity.rate_min"),
+        ("exercise2.rate = 1e-09", at(("exercise2", "rate"), 1e-09), False, "exercise2.rate"),
     ]
     # the cost model's meta keys the pipeline reads, through costmodel.source (no hardware: a file has no probes)
     for name, text, ok, *say in cost_documents_since_19():
@@ -541,6 +562,8 @@ def trace_files():
         ("empty file", "", False),
         ("missing column", "arrival_s,prompt_tokens\n0.0,5\n", False),
         ("header only", header, False),
+        ("two rows at 1e300 s (replayed with TTFT 0)", header + "1e300,5,6\n1e300,5,7\n", False),
+        ("arrivals at 0 and 1e8 s, the longest span", header + "0,5,6\n1e8,5,7\n", True),
     ]
 
 
@@ -553,7 +576,8 @@ def cli_probes(tmp: Path):
         ("print curve", ["--print-curve"], True, finite_curve),
     ]
     bad_values = {
-        "--rate": ["0", "-3", "nan", "1e7", "x", ""], "--sweep-rate": ["1,,2", "0,5", "-inf", "nan,1"],
+        "--rate": ["0", "-3", "nan", "1e7", "x", "", "1e-12"],
+        "--sweep-rate": ["1,,2", "0,5", "-inf", "nan,1", "1,1e-300"],
         "--max-num-seqs": ["0", "-1", "4.5", "x", "1e12"], "--sweep-batch": ["0,4", "4,eight", ",", "1e12"],
         "--chunk-size": ["0", "-5", "1e12"], "--seeds": ["0", "-1", "1e12", "1000000000000", "1,x", "1,-2"],
         "--num-requests": ["0", "-5", "1e12", "1000000000000", "nan"],
@@ -614,7 +638,7 @@ def cli_probes_19(tmp: Path):
         "--trace-columns": ["arrival", "x=y", "arrival=", "prompt_tokens=arrival_s", "arrival=nope"],
         "--max-num-batched-tokens": ["0", "-1", "1e12", "4"], "--seed": ["-1", "4294967296", "x"],
         "--goodput": ["ttft", "x:5", "ttft:0", "ttft:nan", "tpot:-1"],
-        "--metric-percentiles": ["101", "nan", "", "1,,2"], "--request-rate": ["0", "nan", "-inf"],
+        "--metric-percentiles": ["101", "nan", "", "1,,2"], "--request-rate": ["0", "nan", "-inf", "1e-320"],
         "--num-prompts": ["0", "1e12", "nan"],
     }
     for option, values in bad_values.items():
@@ -841,6 +865,8 @@ def trace_formats_since_19(tmp: Path):
          True),
         ("Azure CSV, max context 320, clip", write("azure_clip.csv", azure24), [
             "--trace-layout", "azure", "--max-context", "320", "--too-long", "clip"], True),
+        ("a burst at 0 and 1e-320 s replayed as logged (no rate, every figure finite)", write("subnormal_burst.csv", (
+            "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1e-320,12,6\n")), [], True),
     ]
     bad = [
         ("Azure: a date that does not exist", "azure_bad_date.csv",
@@ -876,8 +902,13 @@ def trace_formats_since_19(tmp: Path):
          json.dumps({"arrival_s": 0, "prompt_tokens": 9, "output_tokens": 5, "pad": "x" * 200_000}) + "\n",
          "servingplan"),
     ]
+    # the generative suite's find, at its own pace: the 0-token row at 1e300 s was skipped before the span
+    # was checked, and the burst left was accepted
+    skipped = ("Azure seconds at its own pace, a skipped row at 1e300 s beside 0 and 1e-320", write(
+        "azure_skipped.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1e+300,0,5\n0.0,10,5\n1e-320,12,6\n"),
+        ["--trace-layout", "azure", "--trace-timestamps", "seconds"], False)
     return good + [(name, write(file_name, text), ["--trace-layout", layout], False)
-                   for name, file_name, text, layout in bad]
+                   for name, file_name, text, layout in bad] + [skipped]
 
 
 def result_file_probes(tmp: Path):

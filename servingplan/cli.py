@@ -352,8 +352,12 @@ def load_traces(args) -> list[tuple[int, float, workload.Trace]]:
         if held > MAX_TRACE_REQUESTS:
             raise UsageError(f"--num-requests x seeds x rates = {spec['num_requests']} x {len(seeds)} x "
                              f"{len(rates)} = {held:,} requests: at most {MAX_TRACE_REQUESTS:,} allowed")
-        return [(seed, rate, workload.generate({**spec, "rate": rate}, seed))
-                for rate in rates for seed in seeds]
+        try:
+            return [(seed, rate, workload.generate({**spec, "rate": rate}, seed))
+                    for rate in rates for seed in seeds]
+        except ValueError as exc:  # a rate spreading the requests past the span a simulation replays
+            flag = "--sweep-rate" if args.sweep_rate else "--request-rate"
+            raise UsageError(f"{flag}: {_reason(exc)}") from None
     if not Path(args.workload).exists():
         raise UsageError(f"--workload {args.workload!r}: no such preset or file; allowed: a preset "
                          f"({', '.join(workload.PRESETS)}) or a trace CSV")

@@ -229,6 +229,8 @@ def check(config: dict) -> list[str]:
     warnings = _check_sizes(config)
     _check_step_budget(config)
     warnings += _check_trace(config)
+    if "trace" not in config["workload"]:
+        _check_replay_rates(config, config["workload"]["num_requests"])
     _check_costmodel(config.get("costmodel"))
     _check_device(config["model"].get("device", "cpu"))
     _check_hardware(config.get("hardware", []), costmodel_source(config))
@@ -373,10 +375,29 @@ def _check_trace(config: dict) -> list[str]:
         raise ConfigError(f"config error: workload.trace.path = {trace['path']!r}: all {len(loaded.trace)} requests "
                           "arrive at one time (within 1 us); the pipeline replays a trace at workload.rate and the "
                           "sweep's rates by rescaling its arrival gaps, and a burst has none")
+    _check_replay_rates(config, len(loaded.trace))
     if own_rate is not None and not math.isclose(own_rate, workload["rate"], rel_tol=0.01):
         return [f"config warning: workload.trace.path = {trace['path']!r} arrives at {own_rate:.4g} req/s on "
                 f"average; the pipeline replays it at workload.rate ({workload['rate']:g} req/s) as today's load"]
     return []
+
+
+def _check_replay_rates(config: dict, requests: int) -> None:
+    """Every rate the stages draw or rescale the workload's `requests` to (today's, the sweep's, the
+    capacity target, the capacity search's lowest, exercise 2's own) must keep them within the span a
+    simulation replays: the stage would refuse a slower one hours into the run, and the workload
+    description would quote an infinite replayed span."""
+    from servingplan.workload import check_replay_rate
+    rates = [("workload.rate", config["workload"]["rate"], requests),
+             *((f"sweep.rates[{i}]", rate, requests) for i, rate in enumerate(config["sweep"]["rates"])),
+             ("slo.capacity_target_rate", config["slo"]["capacity_target_rate"], requests),
+             ("capacity.rate_min", config["capacity"]["rate_min"], requests),
+             ("exercise2.rate", config["exercise2"]["rate"], config["exercise2"]["num_requests"])]
+    for key, rate, count in rates:
+        try:
+            check_replay_rate(count, rate)
+        except ValueError as exc:
+            raise ConfigError(f"config error: {key} = {rate!r}: {exc}")
 
 
 def read(path) -> dict:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan.sim.simulator import SimResult
+from servingplan.workload import mean_rate
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -266,13 +267,13 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict:
 
     first_arrival = float(result.arrival_s[0]) if n else 0.0
     duration = float(result.end_s) - first_arrival
-    trace_span = float(result.arrival_s[-1]) if n else 0.0
     out = {
         "num_requests": n,
         "finished": int(finished.sum()),
         "rejected": int(np.sum(result.rejected)),
         "duration_s": duration,
-        "request_rate": n / trace_span if trace_span > 0 else None,
+        # the trace's own rate, by its one definition: a burst (within a microsecond) has none
+        "request_rate": mean_rate(result.arrival_s),
         "throughput_tok_s": float(n_out[finished].sum()) / duration if duration > 0 else None,
     }
     out.update(_latency_stats("ttft_ms", ttft))

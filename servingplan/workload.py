@@ -22,6 +22,10 @@ from servingplan.io import parse_json, read_text_input
 # no serving log; past it float times lose the resolution of a step and the simulation cannot advance.
 MIN_TRACE_SPAN_S = 1e-6
 MAX_TRACE_SPAN_S = 1e8
+# A timestamp is read as float64 seconds, which resolve MIN_TRACE_SPAN_S only below 2**33 s (the spacing
+# there is 2**-20 s, 0.95 us; as Unix time, the year 2242): past it, arrivals a log tells apart merge
+# once the first timestamp is subtracted (at 1e20 s the spacing is 16,384 s).
+MAX_TIMESTAMP_S = 2.0 ** 33
 
 DISTRIBUTIONS = ("uniform", "loguniform", "lognormal", "constant")
 
@@ -51,24 +55,43 @@ class Trace:
     @property
     def mean_rate_rps(self) -> float | None:
         """Requests per second over the span of the arrivals (None when they all arrive at once, within
-        MIN_TRACE_SPAN_S)."""
-        # the span between first and last arrival decides: a burst logged at t = 3.5 s is still a burst
-        span = float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) else 0.0
-        return len(self) / self.duration_s if min(span, self.duration_s) >= MIN_TRACE_SPAN_S else None
+        MIN_TRACE_SPAN_S): mean_rate."""
+        return mean_rate(self.arrival_s)
 
     def with_rate(self, rate: float) -> "Trace":
         """The same requests with arrival gaps rescaled to another mean rate. A burst (every arrival
         within MIN_TRACE_SPAN_S) has no gaps to rescale, and a rescaled span past MAX_TRACE_SPAN_S
-        could not be simulated: both raise ValueError."""
+        could not be simulated (check_replay_rate): both raise ValueError."""
         current = self.mean_rate_rps
         if current is None:
             raise ValueError(f"all {len(self)} requests arrive within {MIN_TRACE_SPAN_S:g} s of each other, so "
                              f"there are no gaps to rescale to rate {rate:g}")
-        scaled = Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
-        if not scaled.duration_s <= MAX_TRACE_SPAN_S:
-            raise ValueError(f"{len(self)} requests at rate {rate:g} span {scaled.duration_s:.3g} s: at most "
-                             f"{MAX_TRACE_SPAN_S:g} s allowed")
-        return scaled
+        check_replay_rate(len(self), rate)
+        return Trace(self.arrival_s * (current / rate), self.prompt_tokens, self.output_tokens)
+
+
+def check_replay_rate(requests: int, rate: float) -> None:
+    """ValueError unless `requests` arrivals at `rate` per second (on average, as drawn or rescaled)
+    span at most MAX_TRACE_SPAN_S, the longest a simulation replays; at rate inf they span none. (A rate
+    <= 0 is no rate at all: the draws refuse it themselves.)"""
+    span = requests / rate if rate > 0 else 0.0
+    if not span <= MAX_TRACE_SPAN_S:
+        # repr, not :g, names a subnormal rate as written (1e-320, not 9.99989e-321)
+        spans = f"{span:.3g} s" if math.isfinite(span) else "more seconds than a float holds"
+        raise ValueError(f"{requests} requests at rate {rate!r} span {spans}: at most {MAX_TRACE_SPAN_S:g} s allowed "
+                         f"(a rate >= {requests / MAX_TRACE_SPAN_S:.3g} req/s)")
+
+
+def mean_rate(arrival_s: np.ndarray) -> float | None:
+    """Requests per second of sorted arrivals, counted from time 0 to the last one; None when they all
+    arrive at once, within MIN_TRACE_SPAN_S. The one definition of a trace's rate: the trace's own, the
+    rescaling's and a run's summary all read it, so a burst has no rate anywhere, and no rate exceeds
+    the requests over MIN_TRACE_SPAN_S (dividing by a finer span, 1e-320 s, gave infinity)."""
+    if not len(arrival_s):
+        return None
+    # the span between first and last arrival decides: a burst logged at t = 3.5 s is still a burst
+    span, duration = float(arrival_s[-1] - arrival_s[0]), float(arrival_s[-1])
+    return len(arrival_s) / duration if min(span, duration) >= MIN_TRACE_SPAN_S else None
 
 
 def _lognormal_mu(mean: float, sigma: float, lo: int, hi: int) -> float:
@@ -144,7 +167,7 @@ def vllm_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generat
 def generate(spec: dict, seed: int) -> Trace:
     """A trace from a workload spec: {num_requests, rate, [burstiness], prompt: {...}, output: {...}}
     (without burstiness and at a finite rate, Poisson arrivals; with it or at rate inf, vLLM's draw,
-    vllm_arrivals), or a file:
+    vllm_arrivals; a rate that spreads them past MAX_TRACE_SPAN_S raises ValueError), or a file:
     {trace: {path, layout, columns, timestamps, rate}} (see load_trace; the same trace for every seed)
     or {trace_csv}."""
     if spec.get("trace"):
@@ -153,6 +176,7 @@ def generate(spec: dict, seed: int) -> Trace:
         return load_trace_csv(spec["trace_csv"])
     rng = np.random.default_rng(seed)
     n = int(spec["num_requests"])
+    check_replay_rate(n, float(spec["rate"]))
     if spec.get("burstiness") is not None or math.isinf(float(spec["rate"])):
         arrivals = vllm_arrivals(n, float(spec["rate"]), float(spec.get("burstiness") or 1.0), rng)
     else:
@@ -181,10 +205,10 @@ def _token_count(text: str):
 
 
 def load_trace_csv(path) -> Trace:
-    """A trace from a CSV with a header naming at least arrival_s, prompt_tokens and output_tokens.
-    Every row is checked: a ragged row, a blank or non-numeric cell, a token count that is not an
-    integer in [1, MAX_TRACE_TOKENS], or an arrival that is not a finite time >= 0 raises ValueError
-    naming the file, the line, the column and the value."""
+    """A trace from a CSV with a header naming at least arrival_s, prompt_tokens and output_tokens,
+    its arrivals kept as written. Every row is checked: a ragged row, a blank or non-numeric cell, a
+    token count that is not an integer in [1, MAX_TRACE_TOKENS], or an arrival that is not a finite time
+    in [0, MAX_TRACE_SPAN_S] raises ValueError naming the file, the line, the column and the value."""
     rows = _csv_rows(path)
     header = next(rows, None)
     if header is None:
@@ -205,9 +229,12 @@ def load_trace_csv(path) -> Trace:
             arrival = float(cell)
         except ValueError:
             arrival = math.nan
-        if not (math.isfinite(arrival) and arrival >= 0):
+        # the arrivals are replayed as written, from time 0: the last one is the span the simulation runs
+        # (two rows at 1e300 s are no burst to replay: a step's milliseconds vanish beside that clock)
+        if not (math.isfinite(arrival) and 0 <= arrival <= MAX_TRACE_SPAN_S):
             raise ValueError(f"trace {path} line {line}: arrival_s = {cell or '(blank)'}: must be a finite "
-                             "time >= 0")
+                             f"time >= 0 and at most {MAX_TRACE_SPAN_S:g} s (about three years): the trace is "
+                             "replayed at its own times, from time 0")
         arrivals.append(arrival)
         for column, out in (("prompt_tokens", prompts), ("output_tokens", outputs)):
             cell = row[where[column]].strip()
@@ -216,7 +243,6 @@ def load_trace_csv(path) -> Trace:
                 raise ValueError(f"trace {path} line {line}: {column} = {cell or '(blank)'}: must be an integer in "
                                  f"[1, {MAX_TRACE_TOKENS}]")
             out.append(tokens)
-    _check_span(np.asarray(arrivals, dtype=float), path)
     order = np.argsort(np.asarray(arrivals, dtype=float), kind="stable")
     return Trace(np.asarray(arrivals, dtype=float)[order], np.asarray(prompts, dtype=np.int64)[order],
                  np.asarray(outputs, dtype=np.int64)[order])
@@ -343,10 +369,26 @@ def _header(row: list, path) -> list:
     return header
 
 
-def _check_span(arrival_s: np.ndarray, path) -> None:
-    if len(arrival_s) and not arrival_s.max() - arrival_s.min() <= MAX_TRACE_SPAN_S:
-        raise ValueError(f"trace {path}: arrivals span {arrival_s.max() - arrival_s.min():.3g} s, at most "
-                         f"{MAX_TRACE_SPAN_S:g} s (about three years) allowed")
+def _check_timestamps(path, column: str, kind: str, earliest: tuple | None, latest: tuple | None) -> None:
+    """The file's earliest and latest timestamps, (seconds, line, cell), must lie within
+    MAX_TRACE_SPAN_S of each other and within MAX_TIMESTAMP_S of time 0, where float64 seconds still
+    resolve MIN_TRACE_SPAN_S; otherwise ValueError naming the line, the column, the value and the range."""
+    if earliest is None:
+        return
+    span = latest[0] - earliest[0]
+    if not span <= MAX_TRACE_SPAN_S:
+        raise ValueError(f"trace {path}: {column} spans {span:.3g} s, from {earliest[2]} (line {earliest[1]}) to "
+                         f"{latest[2]} (line {latest[1]}); at most {MAX_TRACE_SPAN_S:g} s (about three years) allowed")
+    seconds, line, cell = max(earliest, latest, key=lambda stamp: abs(stamp[0]))
+    if not abs(seconds) < MAX_TIMESTAMP_S:
+        zero, allowed = (("time 0", f"a time in [0, {MAX_TIMESTAMP_S:.4g}) s (2^33 s)") if kind == "seconds" else
+                         ("1970", f"a date from {_EARLIEST_DATE} to {_LATEST_DATE} (within 2^33 s of 1970)"))
+        raise ValueError(f"trace {path} line {line}: {column} = {cell}: {abs(seconds):.3g} s from {zero}, where "
+                         f"float64 seconds resolve only {math.ulp(seconds):.2g} s and arrivals a microsecond apart "
+                         f"would merge; must be {allowed}")
+
+
+_EARLIEST_DATE, _LATEST_DATE = (datetime.fromtimestamp(sign * MAX_TIMESTAMP_S, timezone.utc).date() for sign in (-1, 1))
 
 
 def _timestamp(text: str, kind: str) -> tuple[float, bool | None]:
@@ -372,7 +414,8 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
     layout's. Rows with 0 tokens are skipped and counted; with `max_context`, requests longer than it
     are handled by `too_long` (see _fit_context); then the first `requests` arrivals are kept.
     Arrivals start at 0 (the first request's timestamp) and, with `rate`, are rescaled to that mean
-    rate. Any other bad cell raises ValueError naming the file, the line, the column and the value."""
+    rate. Any other bad cell, or timestamps too far apart or from time 0 (_check_timestamps), raises
+    ValueError naming the file, the line, the column and the value."""
     path = Path(path)
     if layout not in TRACE_LAYOUTS:
         raise ValueError(f"trace layout {layout!r}: allowed {', '.join(TRACE_LAYOUTS)}")
@@ -388,6 +431,9 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
     arrivals, prompts, outputs = [], [], []
     rows = skipped = 0
     first_offset = None  # (line, whether its date has a UTC offset) of the first dated row
+    # (seconds, line, cell) of the earliest and latest timestamps of every row, a skipped row's too: it is
+    # the same clock, and one 1e300 s from the others says the column holds no times of this log
+    earliest = latest = None
     for line, record in _records(path):
         rows += 1
         if rows > MAX_TRACE_ROWS:
@@ -402,6 +448,9 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
         if not math.isfinite(arrival) or (mapping["timestamps"] == "seconds" and arrival < 0):
             raise ValueError(f"trace {path} line {line}: {mapping['arrival']} = {cells['arrival'] or '(blank)'}: "
                              f"must be a finite {'time >= 0' if mapping['timestamps'] == 'seconds' else 'ISO 8601 date'}")
+        stamp = (arrival, line, cells["arrival"])
+        earliest = stamp if earliest is None or arrival < earliest[0] else earliest
+        latest = stamp if latest is None or arrival > latest[0] else latest
         # dates with and without an offset in one file: the ones without have no defined instant
         first_offset = first_offset or (offset is not None and (line, offset))
         if offset is not None and offset != first_offset[1]:
@@ -421,8 +470,8 @@ def load_trace(path, layout: str = "servingplan", columns: dict | None = None, t
         arrivals.append(arrival)
         prompts.append(tokens["prompt_tokens"])
         outputs.append(tokens["output_tokens"])
+    _check_timestamps(path, mapping["arrival"], mapping["timestamps"], earliest, latest)
     arrival_s = np.asarray(arrivals, dtype=float)
-    _check_span(arrival_s, path)
     order = np.argsort(arrival_s, kind="stable")
     arrival_s = arrival_s[order]
     prompt_tokens = np.asarray(prompts, dtype=np.int64)[order]

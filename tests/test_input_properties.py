@@ -9,6 +9,7 @@ import json
 import math
 import os
 import stat
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -611,8 +612,17 @@ def test_every_cost_model_key_of_the_schema_is_refused_in_one_line_or_loads(tmp_
 
 # -- trace formats ---------------------------------------------------------------------------------------
 
-ARRIVAL = mostly(st.one_of(st.floats(0, 1e4), st.sampled_from([0.0, 1e-320, 5e-7, 1e-6, 1e8])),
+ARRIVAL = mostly(st.one_of(st.floats(0, 1e4), st.sampled_from([0.0, 1e-320, 5e-7, 1e-6, 1e8]),
+                           # magnitudes a float reaches, subnormal to far past the microsecond's resolution
+                           st.sampled_from([5e-324, 2.2250738585072014e-308, 1e-300, 2.0 ** 33, 1e12, 1e20])),
                  st.sampled_from([1e300, -1.0, math.nan, math.inf, "x", "", None, True, [1]]), one_in=12)
+# The clock a trace's rows read: seconds from its start (ARRIVAL, magnitudes mixed), or a clock of one
+# magnitude with seconds or subnormal steps between rows: around 2**33 s (where float64 stops resolving a
+# microsecond), integers past 2**53 and 1e20 whose text tells seconds apart where a float does not, or
+# subnormals near 0.
+CLOCKS = st.sampled_from([ARRIVAL, st.integers(2 ** 33 - 2, 2 ** 33 + 2), st.integers(2 ** 53, 2 ** 53 + 3),
+                          st.integers(10 ** 20, 10 ** 20 + 3),
+                          st.sampled_from([0.0, 5e-324, 1e-320, 2.2250738585072014e-308, 1e-300])])
 TOKENS = mostly(st.integers(1, 2000), st.sampled_from([0, -1, 2**21, 1.5, "7", "", None, [3], {"a": 1}]), one_in=12)
 DATE = mostly(
     st.builds(lambda second, digits, offset: f"2024-05-10 00:{second // 60:02d}:{second % 60:02d}.{digits}{offset}",
@@ -624,8 +634,9 @@ DATE = mostly(
 
 @st.composite
 def trace_documents(draw):
-    """(file name, bytes, load_trace keywords) for a CSV or JSONL trace in one of the layouts, with
-    hostile headers (BOM, a column twice, one missing), cells and column mappings now and then."""
+    """(file name, bytes, load_trace keywords, rows) for a CSV or JSONL trace in one of the layouts, with
+    hostile headers (BOM, a column twice, one missing), cells and column mappings now and then; rows are
+    the (arrival, prompt, output) values written, when the file names them in the layout's own columns."""
     layout = draw(st.sampled_from(sorted(workload.TRACE_LAYOUTS)))
     names = dict(workload.TRACE_LAYOUTS[layout])
     kwargs = {"layout": layout}
@@ -640,10 +651,12 @@ def trace_documents(draw):
     kwargs["timestamps"] = "datetime" if dated else "seconds"
     if draw(st.integers(0, 3)) == 0:
         kwargs["rate"] = draw(st.sampled_from([0.5, 5.0, 1e-9, 1e5]))
-    rows = draw(st.lists(st.tuples(DATE if dated else ARRIVAL, TOKENS, TOKENS), max_size=8))
+    rows = draw(st.lists(st.tuples(DATE if dated else draw(CLOCKS), TOKENS, TOKENS), max_size=8))
+    written = None if "columns" in kwargs else rows
     header = [names["arrival"], names["prompt_tokens"], names["output_tokens"]]
     if draw(st.integers(0, 8)) == 0:
         header = draw(st.sampled_from([header + [header[1]], header[:2], [header[0], header[0], header[2]]]))
+        written = None
     if layout == "burstgpt" and len(header) == 3 and draw(st.booleans()):
         # BurstGPT's own file: Model, Total tokens and Log Type beside the three read
         header = [header[0], "Model", header[1], header[2], "Total tokens", "Log Type"]
@@ -661,13 +674,21 @@ def trace_documents(draw):
     data = text.encode()
     if draw(st.integers(0, 10)) == 0:
         data = b"\xef\xbb\xbf" + data
-    return name, data, kwargs
+    return name, data, kwargs, written
+
+
+def exact_arrivals(rows) -> list[Fraction]:
+    """The arrivals of the rows a trace keeps (both token counts > 0), as the exact numbers their text
+    writes, from the earliest on, in order."""
+    kept = [Fraction(str(arrival)) for arrival, prompt, output in rows
+            if float(str(prompt)) > 0 and float(str(output)) > 0]
+    return sorted(arrival - min(kept) for arrival in kept)
 
 
 @FAST
 @given(trace_documents())
 def test_every_trace_format_is_refused_in_one_line_or_replays_finite(tmp_path, document):
-    name, data, kwargs = document
+    name, data, kwargs, written = document
     path = tmp_path / name
     path.write_bytes(data)
     with hang_guard():
@@ -682,13 +703,46 @@ def test_every_trace_format_is_refused_in_one_line_or_replays_finite(tmp_path, d
         assert (trace.prompt_tokens >= 1).all() and (trace.output_tokens >= 1).all()
         if "rate" in kwargs and len(trace) > 1:
             assert len(trace) / trace.duration_s == pytest.approx(kwargs["rate"])
+        if written is not None and kwargs["timestamps"] == "seconds" and "rate" not in kwargs and len(trace):
+            # arrivals a microsecond apart as written stay that far apart: none merged by float64's resolution
+            exact = exact_arrivals(written)
+            assert np.abs(trace.arrival_s - np.array(exact, dtype=float)).max() <= workload.MIN_TRACE_SPAN_S, exact
         if len(trace) >= 2:  # what the config check lets through to the workload stage
             described = workload.describe({"rate": 2.0, "trace": {"path": str(path), **kwargs}})
             json.dumps(described, allow_nan=False)
         if len(trace):
-            summary = metrics.summarize(simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512),
-                                        metrics.SLO(ttft_ms=1000))
-            assert_figures(summary.values())
+            result = simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512)
+            assert_time_passes(result)
+            assert_figures(metrics.summarize(result, metrics.SLO(ttft_ms=1000)).values())
+
+
+@FAST
+@given(st.data())
+def test_a_workload_csv_is_refused_in_one_line_or_replays_its_own_times_finite(tmp_path, data):
+    """--workload's CSV keeps its own times, replayed from time 0, on any of the CLOCKS."""
+    rows = data.draw(st.lists(st.tuples(data.draw(CLOCKS), TOKENS, TOKENS), max_size=8))
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(
+        ",".join("" if value is None else str(value) for value in row) + "\n" for row in rows))
+    with hang_guard():
+        try:
+            trace = workload.load_trace_csv(path)
+        except ValueError as exc:
+            assert_one_line(str(exc))
+            return
+        assert np.isfinite(trace.arrival_s).all() and (np.diff(trace.arrival_s) >= 0).all()
+        assert trace.duration_s <= workload.MAX_TRACE_SPAN_S
+        if len(trace):
+            result = simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512)
+            assert_time_passes(result)
+            assert_figures(metrics.summarize(result, metrics.SLO(ttft_ms=1000)).values())
+
+
+def assert_time_passes(result) -> None:
+    """Every first token comes after its request's arrival (the prefill takes time): on a clock too coarse
+    for a step, at 1e300 s, it came at the arrival itself."""
+    started = np.isfinite(result.first_token_s)
+    assert (result.first_token_s[started] > result.arrival_s[started]).all()
 
 
 # -- hardware targets: kind and launch overhead, on every target of the list -----------------------------

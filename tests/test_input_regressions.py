@@ -376,9 +376,97 @@ def test_a_trace_spanning_1e300_s_is_refused(tmp_path, capsys):
         assert "at most 1e+08 s" in refusal(trace_config(path))
 
 
+def test_a_skipped_rows_timestamp_1e300_s_from_the_others_is_refused(tmp_path, capsys):
+    """The generative suite's Azure file with seconds: the row at 1e300 s asks for 0 prompt tokens, so it was
+    skipped before the span was checked, and the two left (0 and 1e-320 s) were accepted. A skipped row's
+    timestamp is the same clock, so every row is in the span."""
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1e+300,0,5\n0.0,10,5\n1e-320,12,6\n")
+    said = (f"trace {path}: TIMESTAMP spans 1e+300 s, from 0.0 (line 3) to 1e+300 (line 2); at most 1e+08 s "
+            "(about three years) allowed")
+    keys = {"layout": "azure", "timestamps": "seconds"}
+    with no_hang():
+        assert said in refusal(trace_config(path, **keys))
+        with pytest.raises(ValueError) as raised:
+            workload.describe({"rate": 2.0, "trace": {"path": str(path), **keys}})
+        assert str(raised.value) == said
+        assert said in cli_error(capsys, "--trace", str(path), "--trace-layout", "azure", "--trace-timestamps",
+                                 "seconds")
+
+
+@pytest.mark.parametrize("body, layout, line, said", [
+    ("100000000000000000000,10,5\n100000000000000000001,12,6\n", "servingplan", 2,
+     "arrival_s = 100000000000000000000: 1e+20 s from time 0, where float64 seconds resolve only 1.6e+04 s"),
+    ("9999-12-31 23:59:59,10,5\n9999-12-31 23:59:59.5,12,6\n", "azure", 3,
+     "TIMESTAMP = 9999-12-31 23:59:59.5: 2.53e+11 s from 1970, where float64 seconds resolve only 3.1e-05 s")],
+    ids=["seconds at 1e20", "dates in 9999"])
+def test_timestamps_too_far_from_time_0_to_tell_a_microsecond_apart_are_refused(tmp_path, capsys, body, layout,
+                                                                                 line, said):
+    """Two rows a second apart at 1e20 s read as one instant once the first timestamp was subtracted: a
+    burst made up by float64, whose spacing there is 16,384 s."""
+    path = tmp_path / "trace.csv"
+    path.write_text({"servingplan": HEADER, "azure": "TIMESTAMP,ContextTokens,GeneratedTokens\n"}[layout] + body)
+    allowed = ("must be a time in [0, 8.59e+09) s (2^33 s)" if layout == "servingplan" else
+               "must be a date from 1697-10-17 to 2242-03-16 (within 2^33 s of 1970)")
+    cli = cli_error(capsys, "--trace", str(path), "--trace-layout", layout)
+    for message in (refusal(trace_config(path, layout=layout)), cli):
+        assert f"trace {path} line {line}: {said}" in message and message.rstrip().endswith(allowed)
+
+
+def test_a_workload_csv_at_1e300_s_is_refused_where_it_replayed_with_no_time_passing(tmp_path, capsys):
+    """--workload keeps a CSV's own times: two rows at 1e300 s spanned 0 s and were replayed at 1e300 s,
+    where a step's milliseconds vanish (TTFT came out 0 ms)."""
+    path = trace_file(tmp_path, "1e300,10,5\n1e300,12,6\n")
+    assert (f"trace {path} line 2: arrival_s = 1e300: must be a finite time >= 0 and at most 1e+08 s (about three "
+            "years)") in cli_error(capsys, "--workload", path)
+
+
 def test_rescaling_to_a_tiny_rate_cannot_make_an_endless_trace(tmp_path, capsys):
     path = trace_file(tmp_path, "0,10,5\n1,10,5\n")
     assert "at most 1e+08 s" in cli_error(capsys, "--trace", path, "--rate", "1e-12")
+
+
+def test_a_workload_rate_that_spreads_a_trace_past_1e8_s_is_refused_by_the_config(tmp_path):
+    """workload.rate = 1e-320 passed the check, and the workload description divided by it: the replayed
+    span and the gap scale came out inf, which the workload stage cannot write (the sweep would have
+    refused the rate hours later)."""
+    path = trace_file(tmp_path, "".join(f"{i / 6:.4f},{20 + i},8\n" for i in range(60)))
+    config = trace_config(path)
+    config["workload"]["rate"] = 1e-320
+    assert refusal(config) == ("config error: workload.rate = 1e-320: 60 requests at rate 1e-320 span more seconds "
+                               "than a float holds: at most 1e+08 s allowed (a rate >= 6e-07 req/s)")
+    config["workload"]["rate"] = 6e-07
+    assert config_refused(config) is None
+    described = workload.describe(config["workload"])
+    assert described["replayed_span_s"] <= workload.MAX_TRACE_SPAN_S
+    json.dumps(described, allow_nan=False)
+
+
+@pytest.mark.parametrize("key, value", [("workload.rate", 1e-9), ("sweep.rates", [1.0, 1e-9]),
+                                        ("slo.capacity_target_rate", 1e-9), ("capacity.rate_min", 1e-9),
+                                        ("exercise2.rate", 1e-9)])
+def test_every_rate_the_stages_replay_a_drawn_workload_at_is_bounded_by_its_span(key, value):
+    """A rate the sweep, the capacity search or exercise 2 draws or rescales the workload to, spreading its
+    requests over more than 1e8 s, passed the check and failed the stage (or ran a 6e11 s simulation)."""
+    message = refusal(with_value(key, value, QUICK))
+    shown = f"{key}[1]" if key == "sweep.rates" else key
+    assert message.startswith(f"config error: {shown} = 1e-09: ") and "at most 1e+08 s allowed" in message
+
+
+def test_cli_a_preset_at_a_rate_spreading_it_past_1e8_s_is_refused(capsys):
+    """--request-rate 1e-12 drew 50 requests over 5e13 s; the result's per-second token count then asked
+    for 400 TiB."""
+    assert cli_error(capsys, "--request-rate", "1e-12", "--num-requests", "50", "--seeds", "1", "--json") == (
+        "serving_sim: error: --request-rate: 50 requests at rate 1e-12 span 5e+13 s: at most 1e+08 s allowed (a rate "
+        ">= 5e-07 req/s)\n")
+
+
+def test_the_peak_tokens_per_second_needs_memory_for_the_tokens_not_the_span():
+    """The count was a bincount with a slot for every second of the run: 800 MB for a trace spanning
+    the 1e8 s allowed, 400 TiB for one spanning 5e13 s."""
+    from servingplan.vllm_result import peak_output_tokens_per_s
+    tokens = [np.array([0.2, 0.7, 1.5]), np.array([1e12 + 0.1, 1e12 + 0.3, 1e12 + 0.6, 1e12 + 1.2])]
+    assert peak_output_tokens_per_s(np.array([0.0, 1e12]), tokens) == 3.0
 
 
 # -- tracebacks -----------------------------------------------------------------------------------------
@@ -484,6 +572,27 @@ def test_a_burst_replayed_at_its_own_pace_has_no_rate_but_valid_json(tmp_path, c
     assert code == 0 and err == ""
     rows = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON output"))
     assert rows[0]["rate"] is None
+
+
+@pytest.mark.parametrize("second", ["1e-320", "5e-7"])
+def test_a_bursts_summary_has_no_request_rate_as_the_burst_has_none(tmp_path, capsys, second):
+    """Found by the generative suite: the summary of a burst replayed at its own pace divided its 2 requests
+    by the 1e-320 s to the last arrival, and request_rate came out inf (5e-7 s made up 4e6 req/s), where
+    the trace's own rate and the CLI's row have none."""
+    path = trace_file(tmp_path, f"0,10,5\n{second},12,6\n")
+    code, out, _ = cli_lines(capsys, "--trace", path, "--json")
+    assert code == 0 and json.loads(out)[0]["rate"] is None
+    trace = workload.load_trace(path).trace
+    summary = metrics.summarize(simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512),
+                                metrics.SLO(ttft_ms=1000))
+    assert trace.mean_rate_rps is None and summary["request_rate"] is None
+    json.dumps(summary, allow_nan=False)
+
+
+def test_a_runs_request_rate_is_its_traces_own_rate(tmp_path):
+    trace = workload.load_trace(trace_file(tmp_path, "1,10,5\n1.5,12,6\n3,9,4\n")).trace
+    summary = metrics.summarize(simulate(trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512))
+    assert summary["request_rate"] == trace.mean_rate_rps == 1.5
 
 
 def test_workload_description_of_a_burst_is_valid_json(tmp_path):
