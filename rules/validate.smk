@@ -92,7 +92,10 @@ rule validate:
 # servingplan/serving/memory_probe.py). A resident-memory reading is not a timing, so the cells need not
 # have the machine alone: they run beside the simulations, after the measurements (whose priority comes
 # first, common.smk), and stay local, since a cluster node is not this machine. A cell serves with the
-# engine's threads and claims as many cores, so that snakemake does not stack more busy threads than cores.
+# engine's threads and claims as many cores. Its priority starts the probes as soon as the measurements
+# are done, and the profile's global resource serving_memory_probes=1 (profiles/default) keeps them one at
+# a time, so the simulations fill the other cores: in the last cold run they ran after the simulations
+# instead, two at once, and added 151 s.
 rule serving_memory_cell:
     input:
         code=REPLAY_SOURCES + sources("serving/memory_probe.py"),
@@ -104,8 +107,10 @@ rule serving_memory_cell:
         sweep=VALIDATION_SWEEP,
         memory={k: config["memory"][k] for k in ("max_context", "block_size")},
         seed=config["seed"],
+    priority: 10
     threads: min(ENGINE_THREADS, workflow.cores)
     resources:
+        serving_memory_probes=1,
         mem_mb=4000,
         runtime=5,
     log:
