@@ -5,7 +5,7 @@ import os
 
 from servingplan.config import HERE, PROFILE_SOURCE, check_or_exit, costmodel_source, simulation_seeds
 from servingplan.pipeline import canonical, config_keys
-from servingplan.profiling.machine import fingerprint
+from servingplan.profiling.machine import fingerprint, resolve_threads
 from servingplan.report import names as display_names
 from servingplan.sim.policies import wildcard as policy_wildcard
 

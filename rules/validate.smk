@@ -17,7 +17,7 @@ REPLAY_SOURCES = sources("serving/__init__.py", "serving/engine.py", "serving/kv
 # left out on purpose, so that editing the simulator reruns the comparison only (issue 20, item 3)
 
 # the torch threads the engine serves with (profile.threads; 0 is every core of this machine)
-ENGINE_THREADS = config["profile"]["threads"] or os.cpu_count()
+ENGINE_THREADS = resolve_threads(config["profile"]["threads"])
 # the validation config the replay reads; the comparison reads goal_pct too
 VALIDATION_SWEEP = {k: config["sweep"][k] for k in ("chunk_size", "chunk_budget") if k in config["sweep"]}
 

@@ -181,30 +181,23 @@ class Replica:
         self.last = (seq.id, arrival, self.slack - (max(0.0, self.t - arrival) if self.stepped_free else 0.0))
         return self.sched.add(seq)
 
-    def backlog_growth(self) -> float:
-        """Its last request's time in the system (inf when unfinished) minus the slack before its arrival."""
+    def backlog_growth(self, unfinished_at: float = math.inf) -> float:
+        """Its last request's time in the system minus the slack before its arrival. An unfinished last
+        request counts as finishing at `unfinished_at`: inf (no finite growth), or the clock (the growth
+        known so far, a lower bound)."""
         if self.last is None:
             return -math.inf
         i, arrival, slack = self.last
         done = self.timeline.done[i]
-        return float((math.inf if math.isnan(done) else done - arrival) - slack)
+        return float(((unfinished_at if math.isnan(done) else done) - arrival) - slack)
 
-    def growth_over_trace(self, duration: float) -> float:
+    def growth_over_trace(self, duration: float, unfinished_at: float = math.inf) -> float:
         """Its backlog growth over the trace's whole span, up to the trace's last arrival `duration` rather
         than up to its own: the time after its own last arrival also served to work its backlog off
-        (module's note). A replica that got no request had only slack."""
+        (module's note). A replica that got no request had only slack. `unfinished_at` as in backlog_growth."""
         if self.last is None:
             return -duration
-        return self.backlog_growth() - (duration - self.last[1])
-
-    def growth_over_trace_at_least(self, duration: float) -> float:
-        """growth_over_trace known at its clock: exact once its last request finished, else a lower bound
-        (the request finishes after the clock)."""
-        if self.last is None:
-            return -duration
-        i, arrival, slack = self.last
-        done = self.timeline.done[i]
-        return float((self.t if math.isnan(done) else done) - arrival - slack) - (duration - arrival)
+        return self.backlog_growth(unfinished_at) - (duration - self.last[1])
 
     def advance(self, until: float, horizon: float, settled_by: float = math.inf) -> None:
         """Run steps while the clock is before `until` (a step that starts before it runs to its
@@ -352,12 +345,11 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
         drain_judged_on_mean(replicas, duration, horizon, stop_when_unstable)
         backlog_growth = math.fsum(r.growth_over_trace(duration) for r in replicas) / len(replicas)
     else:
-        resolution = LOAD_RESOLUTION * duration
-        for replica in replicas:
-            settled_by = (replica.last[1] + replica.last[2] - resolution
-                          if stop_when_unstable and replica.last is not None else math.inf)
-            replica.advance(math.inf, horizon, settled_by)
-        backlog_growth = max(r.backlog_growth() for r in replicas)
+        replica, = replicas
+        settled_by = (replica.last[1] + replica.last[2] - LOAD_RESOLUTION * duration
+                      if stop_when_unstable and replica.last is not None else math.inf)
+        replica.advance(math.inf, horizon, settled_by)
+        backlog_growth = replica.backlog_growth()
     truncated = any(not r.sched.idle for r in replicas) or arrived < n
 
     return SimResult(
@@ -379,10 +371,10 @@ def drain_judged_on_mean(replicas: list[Replica], duration: float, horizon: floa
     """Drain replicas judged on their mean growth over the trace, one after the other (past the trace's
     last arrival each serves what it holds alone, whatever routed it there). With `stop_when_unstable`, a
     replica stops, its last request unfinished, once its clock makes the mean of every replica's lower
-    bound (growth_over_trace_at_least) reach the unstable side, -LOAD_RESOLUTION * duration; each replica
+    bound (growth_over_trace at its clock) reach the unstable side, -LOAD_RESOLUTION * duration; each replica
     drained after it then stops at once."""
     unstable_sum = -LOAD_RESOLUTION * duration * len(replicas)
-    bounds = [r.growth_over_trace_at_least(duration) for r in replicas]
+    bounds = [r.growth_over_trace(duration, r.t) for r in replicas]
     for k, replica in enumerate(replicas):
         settled_by = math.inf
         if stop_when_unstable and replica.last is not None:
@@ -390,7 +382,7 @@ def drain_judged_on_mean(replicas: list[Replica], duration: float, horizon: floa
             # which the bounds' sum reaches unstable_sum
             settled_by = replica.last[2] + duration + unstable_sum - math.fsum(bounds[:k] + bounds[k + 1:])
         replica.advance(math.inf, horizon, settled_by)
-        bounds[k] = replica.growth_over_trace_at_least(duration)
+        bounds[k] = replica.growth_over_trace(duration, replica.t)
 
 
 def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
