@@ -23,7 +23,7 @@ include: "rules/fit.smk"
 include: "rules/simulate.smk"
 include: "rules/plan.smk"
 include: "rules/validate.smk"
-if config.get("carry_over_check", False):
+if carry_over_check_skipped(config) is None:
     include: "rules/check.smk"
 include: "rules/report.smk"
 

@@ -3,6 +3,8 @@
 # fitted, then the cost model fitted at the profile's threads carried to it by the same roofline method
 # as every `hardware:` target, and each capacity cell compared with the 1-thread model's. The 1-thread
 # profile measures the machine like the first, so it takes every core and stays local.
+from servingplan.profiling.grid import check_profile
+
 localrules: profile_one_thread
 
 CHECK_DIR = "results/check/one_thread"
@@ -21,7 +23,8 @@ rule profile_one_thread:
         samples=f"{CHECK_DIR}/samples.csv",
         machine=f"{CHECK_DIR}/machine.json",
     params:
-        profile={**config["profile"], "threads": 1},
+        # the profile's grid thinned, in fewer rounds (servingplan/profiling/grid.py)
+        profile=canonical(check_profile(config["profile"])),
         model=config["model"],
         seed=config["seed"],
     threads: workflow.cores

@@ -13,7 +13,7 @@ MEASURED_INPUTS = dict(
     serving_memory=rules.serving_memory.output[0],
 ) if PROFILED else {}
 # how far the targets' estimates can be trusted, when the run measures it (rules/check.smk)
-if config.get("carry_over_check", False):
+if carry_over_check_skipped(config) is None:
     MEASURED_INPUTS["carry_over_check"] = rules.carry_over_check.output[0]
 
 

@@ -234,7 +234,6 @@ def check(config: dict) -> list[str]:
     _check_costmodel(config.get("costmodel"))
     _check_device(config["model"].get("device", "cpu"))
     _check_hardware(config.get("hardware", []), costmodel_source(config))
-    _check_carry_over_check(config)
     return warnings
 
 
@@ -260,19 +259,20 @@ def _check_hardware(targets: list[dict], costmodel: str) -> None:
                               "applies to kind gpu only (a CPU's host loop is in the terms measured here)")
 
 
-def _check_carry_over_check(config: dict) -> None:
-    """The check carries this machine's model to itself at 1 thread: it needs targets whose estimates it
-    vouches for, a profile to carry (hardware already demands one) and more than 1 thread in that profile."""
+def carry_over_check_skipped(config: dict) -> str | None:
+    """Why a run of `config` does not check the carry-over (None: it does). The check carries this
+    machine's model to itself at 1 thread, so it runs when asked (carry_over_check, on by default) and
+    it can measure something: a target whose estimates it vouches for ("no target" otherwise; a target
+    already demands a profiled cost model) and a profile of 2 or more threads to profile again at 1
+    ("one thread"). A config that cannot be checked is not refused: `hardware: []` or a 1-core machine
+    are ordinary runs, and the report says why the accuracy was not measured."""
     if not config.get("carry_over_check", False):
-        return
+        return "off"
     if not config.get("hardware"):
-        raise ConfigError("config error: carry_over_check = true: needs at least one hardware target, whose "
-                          "estimates it measures the accuracy of (or set it false)")
-    threads = resolve_threads(config["profile"]["threads"])
-    if threads < 2:
-        raise ConfigError(f"config error: carry_over_check = true with profile.threads = {config['profile']['threads']} "
-                          f"({threads} thread here): the check profiles again at 1 thread, so the profile must use 2 or "
-                          "more (or set it false)")
+        return "no target"
+    if resolve_threads(config["profile"]["threads"]) < 2:
+        return "one thread"
+    return None
 
 
 def derived_seeds(master_seed: int, count: int) -> list[int]:

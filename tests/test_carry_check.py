@@ -66,3 +66,29 @@ def test_the_summary_counts_the_goal_and_names_the_direction():
                        "direction": "mixed", "uncompared": 1}
     assert carry_check.summarize([{"error": 0.3}, {"error": 0.01}])["direction"] == "optimistic"
     assert carry_check.summarize([{"error": None}]) is None
+
+
+def test_each_call_shows_the_ratio_the_probes_assumed_against_the_ratio_measured():
+    # the target's probes read half this machine's: every carried call takes twice as long (the assumed
+    # ratio 2); the truth there is this machine's model (measured ratio 1), so every call is 100% over
+    result = run_check(MEASURED, machine(1, PEAKS[0] / 2, PEAKS[1] / 2))
+    calls = result["calls"]
+    assert [(c["kind"], c["size"]) for c in calls] == (
+        [("decode", b) for b in carry_check.CALL_BATCHES] + [("prefill", n) for n in carry_check.CALL_PROMPTS])
+    for call in calls:
+        assert call["seconds_here"] == pytest.approx(call["seconds_measured"])
+        assert call["ratio_assumed"] == pytest.approx(2.0) and call["ratio_measured"] == pytest.approx(1.0)
+        assert call["error"] == pytest.approx(1.0)
+        assert call["seconds_estimated"] == pytest.approx(2.0 * call["seconds_here"])
+    assert result["worst_call"] in calls
+
+
+def test_the_worst_call_is_the_one_the_carry_over_missed_most():
+    # a 1-thread truth whose prefill per token is twice this machine's, under the same roofline (the
+    # carried model is this machine's): only the prefills miss, the longest most, and optimistically
+    truth = dataclasses.replace(MEASURED, prefill_per_token_s=2 * MEASURED.prefill_per_token_s)
+    result = run_check(truth, machine(1, *PEAKS))
+    worst = result["worst_call"]
+    assert (worst["kind"], worst["size"]) == ("prefill", max(carry_check.CALL_PROMPTS))
+    assert worst["error"] < 0 and worst["ratio_assumed"] == pytest.approx(1.0)
+    assert all(call["error"] == pytest.approx(0.0) for call in result["calls"] if call["kind"] == "decode")

@@ -826,18 +826,22 @@ def test_a_result_file_is_written_only_onto_a_result_file(capsys, tmp_path_facto
         assert_figures(json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} written")).values())
 
 
-# -- carry_over_check: a boolean, with targets to vouch for and a profile of more than 1 thread ------------
+# -- carry_over_check: a boolean; it runs when it can measure something, and is skipped, not refused, otherwise
 
 @FAST
 @given(check=values_for(CONFIG_SCHEMA["properties"]["carry_over_check"]), with_targets=st.booleans(),
        threads=st.sampled_from([0, 1, 2, 4]))
-def test_carry_over_check_is_refused_in_one_line_unless_it_can_measure_something(check, with_targets, threads):
+def test_carry_over_check_is_refused_only_when_not_a_boolean_and_skipped_with_its_reason(check, with_targets, threads):
+    from servingplan.config import carry_over_check_skipped
     from servingplan.profiling.machine import resolve_threads
     config = copy.deepcopy(QUICK)
     config.update(carry_over_check=check, hardware=config["hardware"] if with_targets else [])
     config["profile"]["threads"] = threads
     with hang_guard():
         refused = config_refused(config)
-    can_measure = check is False or (check is True and with_targets and resolve_threads(threads) >= 2)
-    assert (refused is None) == can_measure, (check, with_targets, threads, refused)
+    assert (refused is None) == isinstance(check, bool), (check, refused)
+    if refused is None:
+        expected = ("off" if not check else "no target" if not with_targets
+                    else "one thread" if resolve_threads(threads) < 2 else None)
+        assert carry_over_check_skipped(config) == expected
     event("refused" if refused else "accepted")

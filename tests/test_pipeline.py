@@ -110,6 +110,20 @@ def test_the_carry_over_checked_in_the_run_is_quoted_on_the_first_screen_and_tab
     assert "How far the estimated machines can be trusted" in first_screen and quoted in first_screen
     assert md.count("| Capacity | Configuration | Measured at 1 thread | Estimated | Error |") == 1
     assert "(../check/carry_over_check.json)" in md  # the table links its data file
+    # why: every call compared, and the one missed most named with both ratios
+    assert md.count("| Call | Here, ") == 1 and len(check["calls"]) == 8
+    worst = check["worst_call"]
+    assert f"The largest miss is {'a decode step of' if worst['kind'] == 'decode' else 'a prefill of'} {worst['size']}" in md
+
+
+def test_no_two_sentences_of_the_run_report_run_together(pipeline):
+    # the unit scenarios of test_report do not reach every branch a real run takes (no speed-up clears the
+    # latency floor, no swept cap keeps up in Exercise 2): a conditional's sentence ending at its endif ran
+    # into the next with no space
+    from test_report import prose_lines
+    md = (pipeline / "results/report/report.md").read_text()
+    for line in prose_lines(md):
+        assert re.findall(r"[A-Za-z0-9)%]\.[A-Z]", line) == [], line[:200]
 
 
 def test_the_console_shows_each_long_stages_progress_and_no_empty_shell_commands(quick_pipeline):

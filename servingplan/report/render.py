@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan import money
-from servingplan.config import HERE, costmodel_source
+from servingplan.config import HERE, carry_over_check_skipped, costmodel_source
 from servingplan.findings import sweep_seeds, workload_traces
 from servingplan.costmodel import DECODE_KEYS, PREFILL_KEYS, CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
@@ -465,7 +465,7 @@ def chosen_mark(option: dict | None) -> dict | None:
             "price_per_hour": None if here else option["price_per_hour"]}
 
 
-def hardware_section(run: RunResults) -> dict | None:
+def hardware_section(run: RunResults, config: dict) -> dict | None:
     """Each target machine's verdicts, estimated on the cost model carried over by the roofline, beside
     this machine's; with every term's bound and scale factor. None when the config names no target."""
     targets = clean(run.hardware or {}).get("targets") or []
@@ -484,7 +484,7 @@ def hardware_section(run: RunResults) -> dict | None:
     here = clean(run.recommendation)
     return {"targets": rows, "here": targets[0]["here"], "here_chosen": here["chosen"],
             "here_n_pass": len(here["passed"]), "here_verdict": {row["target"]: row for row in here["verdict"]},
-            "accuracy": clean(run.carry_over_check)}
+            "accuracy": clean(run.carry_over_check), "accuracy_skipped": carry_over_check_skipped(config)}
 
 
 def _term(terms: list[dict], name: str) -> dict:
@@ -692,7 +692,7 @@ def figure_omissions(run: RunResults, config: dict, figure_png: dict) -> dict[st
 def build_context(run: RunResults, config: dict, provenance_record: dict, traces) -> dict:
     summary = summary_section(run, config)
     cost = cost_section(run, config, summary)
-    hardware = hardware_section(run)
+    hardware = hardware_section(run, config)
     return {
         "title": config["report"]["title"],
         "config": config,
