@@ -14,13 +14,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-# Stages that measure this machine (the profile, the real-time replay, the serving-memory probes): they
-# are not simulation.
-MEASURING = ("profile", "validate_replay", "serving_memory")
+# Stages that measure this machine (the profile, the real-time replay, the serving-memory probes, the
+# carry-over check's 1-thread profile): they are not simulation.
+MEASURING = ("profile", "validate_replay", "serving_memory", "profile_one_thread")
+# profile_<fingerprint>.tsv: the profile's file is named by the machine's fingerprint (hex digits)
+FINGERPRINTED = re.compile(r"profile_[0-9a-f]+")
 
 
 def stage_of(path: Path, root: Path) -> str:
@@ -28,8 +31,8 @@ def stage_of(path: Path, root: Path) -> str:
     if len(relative.parts) > 1:
         return "/".join(relative.parts[:-1])
     stem = relative.stem
-    # profile_<fingerprint>.tsv: the fingerprint names the machine, not the stage
-    return stem.split("_", 1)[0] if stem.startswith("profile_") else stem
+    # the fingerprint names the machine, not the stage
+    return "profile" if FINGERPRINTED.fullmatch(stem) else stem
 
 
 def read_job(path: Path) -> dict:
