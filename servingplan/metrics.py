@@ -19,6 +19,7 @@ from itertools import chain
 import numpy as np
 import pandas as pd
 
+from servingplan.sim.misses import MissLimit
 from servingplan.sim.simulator import SimResult
 from servingplan.workload import mean_rate
 
@@ -237,9 +238,41 @@ def _latencies(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return ttft, tpot, e2e
 
 
+def _misses_at_position(n: int, q: float) -> float:
+    """How many of n values over a bound put the bound below their q-th percentile whatever the rest
+    are: those filling _sorted_percentile's lower position and every one above it (which the
+    interpolation never goes below). inf for no values."""
+    return n - math.floor(q / 100.0 * (n - 1)) if n else math.inf
+
+
+def miss_limit(slo: SLO, output_tokens, attainment_goal: float | None = None) -> MissLimit | None:
+    """The misses that settle a verdict failing before its run ends (sim.misses), for a trace of
+    requests with these `output_tokens`: with `attainment_goal`, joint attainment of `slo` below it;
+    else the aggregate SLO (any of its TTFT and TPOT percentiles over its bound). None when misses of
+    TTFT or TPOT cannot settle it (no such bound, or no attainment goal above 0)."""
+    n_out = np.asarray(output_tokens)
+    n, multi_token = len(n_out), int(np.sum(n_out >= 2))
+    if slo.ttft_ms is None and slo.tpot_ms is None:
+        return None
+    if attainment_goal is not None:
+        # good / n >= goal fails once n - bad, the most requests that can still be good, falls below it
+        bad = next((b for b in range(n + 1) if (n - b) / n < attainment_goal), None) if n else None
+        return None if bad is None else MissLimit(slo.ttft_ms, slo.tpot_ms, bad=bad)
+    return MissLimit(slo.ttft_ms, slo.tpot_ms,
+                     ttft_misses=_misses_at_position(n, slo.ttft_percentile) if slo.ttft_ms is not None else math.inf,
+                     tpot_misses=(_misses_at_position(multi_token, slo.tpot_percentile) if slo.tpot_ms is not None
+                                  else math.inf))
+
+
+def _refuse_stopped(result: SimResult) -> None:
+    if result.misses_settled:
+        raise ValueError("a run stopped once its SLO verdicts were settled failing has no figures to report")
+
+
 def slo_verdict(result: SimResult, slo: SLO | None = None) -> dict:
     """What a capacity criterion reads of summarize(result, slo), without its latency statistics:
     `stable`, `attainment` and `slo_holds`, computed by the same code."""
+    _refuse_stopped(result)
     frame = per_request(result)
     ttft, tpot, e2e = _latencies(frame)
     gaps = own_itl = None
@@ -257,7 +290,9 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict:
 
     As in vLLM, throughput counts the output tokens of finished requests, and throughput and goodput
     divide by the run's duration, from the first arrival to the last completion (or to the end of
-    a truncated run). With no SLO every finished request is good."""
+    a truncated run). With no SLO every finished request is good. A run stopped on its settled verdicts
+    (sim.misses) is refused."""
+    _refuse_stopped(result)
     frame = per_request(result)
     n = len(frame)
     finished = frame["finished"].to_numpy()

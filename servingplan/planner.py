@@ -16,7 +16,7 @@ from servingplan.capacity import (Criterion, busy_floor, capacity_searches, int_
                                   speed_band_models, ttft_floor_s)
 from servingplan.config import HERE
 from servingplan.memory import GB, kv_blocks, memory_plan
-from servingplan.metrics import SLO, summarize
+from servingplan.metrics import SLO, miss_limit, summarize
 from servingplan.seeds import over_seeds
 from servingplan.sim import policies, simulate
 from servingplan.sim.closed_loop import simulate_load
@@ -118,33 +118,39 @@ def _targets_hold(run, rates, slo, verdict_only: bool = False) -> tuple[bool, di
     """Both latency targets at once: the TTFT percentile SLO at today's rate and at the capacity
     target rate, judged on the slowest seed's percentile (the pessimistic end, as a single machine's
     verdict reads it); any unstable seed fails. The detail keeps the mean and the fastest and slowest
-    seeds' percentiles. With `verdict_only` the higher rate goes first and the first failure ends it
-    (the detail is then partial); `run(rate, verdict_only)` returns (summaries, settled_failing) and may
-    then stop before its last seed once the targets are settled failing (an unstable seed, or a seed's
-    percentile above the target)."""
+    seeds' percentiles, in the order of `rates`. With `verdict_only` the higher rate goes first and the
+    first failure ends it (the detail of a failure is then partial); `run(rate, verdict_only)` returns
+    (summaries, settled_failing) and may then stop before its last seed once the targets are settled
+    failing (an unstable seed, or a seed's percentile above the target, or a run stopped on its settled
+    misses, which has no summary)."""
     detail = {}
     pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
     for label, rate in (sorted(rates.items(), key=lambda item: -item[1]) if verdict_only else rates.items()):
         runs, settled_failing = run(rate, verdict_only)
+        if verdict_only and settled_failing:
+            return False, detail
         summaries = pd.DataFrame(runs, columns=["stable", pct])
         cell = over_seeds(summaries.assign(rate=rate), ["rate"], spread=True).iloc[0]
         defined = bool(cell["stable"]) and not pd.isna(cell[pct])
         detail[label] = {"rate": rate, "stable": defined,
                          "ttft_ms_mean": float(cell[pct]) if defined else None,
                          "ttft_ms_range": [float(cell[f"{pct}_min"]), float(cell[f"{pct}_max"])] if defined else None}
-        if verdict_only and (settled_failing or not (defined and detail[label]["ttft_ms_range"][1] <= slo["ttft_ms"])):
+        if verdict_only and not (defined and detail[label]["ttft_ms_range"][1] <= slo["ttft_ms"]):
             return False, detail
     ok = all(d["stable"] and d["ttft_ms_range"][1] <= slo["ttft_ms"] for d in detail.values())
-    return ok, detail
+    return ok, {label: detail[label] for label in rates}
 
 
 def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity, cost_cfg,
                speedup_band: bool = True) -> dict:
     """Smallest fleet per router that meets both latency targets, and the single-machine speed-up
     that would do the same (with `speedup_band`, also at the slowest and fastest measured speed).
-    Runs stop once settled unstable (the verdict and its detail read no latency of an unstable run);
-    a speed-up's seeds stop once a seed's TTFT percentile exceeds the target (the slowest seed's is judged);
-    one replica's runs are shared by every router and the speed-up search; each search starts from
+    Runs stop once settled unstable (the verdict and its detail read no latency of an unstable run).
+    Only a feasible fleet's detail and the largest fleet's are reported, so every other fleet size and
+    every speed-up is judged on its verdict alone: its seeds stop once one fails (an unstable seed, or its
+    TTFT percentile over the target: the slowest seed's is judged), the seed that failed last going first,
+    and each run stops once enough of its requests missed the TTFT target to settle that (sim.misses).
+    One replica's runs are shared by every router and the speed-up search; each search starts from
     the analytic bounds: a speed-up below the one that brings the prefill floor's percentile to the
     target fails, and with one slot per replica, so do fewer replicas, or a smaller speed-up, than
     the busy-time floor needs to keep up."""
@@ -153,6 +159,10 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     rates = {"today": float(workload["rate"]), "capacity_target": float(slo["capacity_target_rate"])}
     target_slo = ttft_slo(slo)
     runs = {}
+    misses = [[miss_limit(target_slo, t.output_tokens)] for t in draws]
+    # seeds in the order a verdict tries them: the one that failed last first, as the next failure is
+    # likely on it too (a holding verdict runs every seed whatever the order)
+    seed_order = list(range(len(draws)))
 
     pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
 
@@ -161,18 +171,25 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
             key = (replicas, router if replicas > 1 else None, model, rate)
             if key in runs:
                 return runs[key], False
-            summaries = []
-            for t in draws:
-                summaries.append(summarize(simulate_fleet(
-                    t.with_rate(rate), model, policy, cap, sweep["chunk_size"], blocks, memory["block_size"],
-                    sweep["horizon_factor"], replicas, router, chunk_budget=policies.chunk_budget(sweep),
-                    stop_when_unstable=True), target_slo))
-                if verdict_only and not summaries[-1]["stable"]:
-                    return summaries, True    # settled: an unstable seed fails the targets
-                if verdict_only and summaries[-1][pct] > slo["ttft_ms"]:
-                    return summaries, True    # settled: the slowest seed's percentile exceeds the target
-            runs[key] = summaries
-            return summaries, False
+            summaries = {}
+            for index in list(seed_order) if verdict_only else range(len(draws)):
+                result = simulate_fleet(
+                    draws[index].with_rate(rate), model, policy, cap, sweep["chunk_size"], blocks,
+                    memory["block_size"], sweep["horizon_factor"], replicas, router,
+                    chunk_budget=policies.chunk_budget(sweep), stop_when_unstable=True,
+                    stop_when_missed=misses[index] if verdict_only else None)
+                # settled: too many requests missed the TTFT target for the percentile to meet it, the seed
+                # is unstable, or its percentile exceeds the target
+                failed = result.misses_settled
+                if not failed:
+                    summaries[index] = summarize(result, target_slo)
+                    failed = verdict_only and (not summaries[index]["stable"] or summaries[index][pct] > slo["ttft_ms"])
+                if failed:
+                    seed_order.remove(index)
+                    seed_order.insert(0, index)
+                    return list(summaries.values()), True
+            runs[key] = [summaries[index] for index in range(len(draws))]
+            return runs[key], False
         return run
 
     def floor_load(model) -> float:
@@ -203,8 +220,11 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     for router in cost_cfg["routers"]:
         if router not in ROUTERS:
             raise ValueError(f"router {router!r}: allowed {', '.join(ROUTERS)}")
-        fleets[router] = smallest_fleet(lambda r: _targets_hold(fleet_run(r, router, step_model), rates, slo),
-                                        cost_cfg["max_replicas"], fewest, largest_first)
+        # the largest fleet's detail is reported when none is feasible: it alone is run in full
+        fleets[router] = smallest_fleet(
+            lambda r: _targets_hold(fleet_run(r, router, step_model), rates, slo,
+                                    verdict_only=r != cost_cfg["max_replicas"]),
+            cost_cfg["max_replicas"], fewest, largest_first)
 
     def speedup_for(model, guess):
         return smallest_speedup(
