@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servingplan import planner
+from servingplan import searches
 from servingplan.capacity import Criterion
 from servingplan.metrics import SLO, miss_limit, summarize
 from servingplan.sim import simulate
@@ -95,9 +95,9 @@ def test_a_verdict_that_holds_details_the_rates_in_their_own_order():
     def run(rate, verdict_only=False):
         return [{"stable": True, "ttft_ms_p90": 100.0 * rate}], False
 
-    full = planner._targets_hold(run, rates, slo)
-    verdict = planner._targets_hold(run, rates, slo, verdict_only=True)
+    full = searches._targets_hold(run, rates, slo)
+    verdict = searches._targets_hold(run, rates, slo, verdict_only=True)
     assert verdict == full and full[0]
     assert list(verdict[1]) == list(full[1]) == ["today", "capacity_target"]
     # a run that stopped on its settled misses fails the verdict with no summary to detail
-    assert planner._targets_hold(lambda rate, verdict_only=False: ([], True), rates, slo, verdict_only=True) == (False, {})
+    assert searches._targets_hold(lambda rate, verdict_only=False: ([], True), rates, slo, verdict_only=True) == (False, {})

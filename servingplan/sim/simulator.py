@@ -62,7 +62,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from servingplan.costmodel import CostModel
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
@@ -71,6 +70,8 @@ from servingplan.sim.steps import StepRecorder
 from servingplan.workload import Trace
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from servingplan.sim.misses import MissLimit, MissWatch
 
 
