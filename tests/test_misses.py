@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servingplan import searches
-from servingplan.capacity import Criterion
+from servingplan.capacity import Criterion, capacity_searches
 from servingplan.metrics import SLO, miss_limit, summarize
 from servingplan.sim import simulate
 from servingplan.sim.fleet import ROUTERS, simulate_fleet
@@ -101,3 +101,43 @@ def test_a_verdict_that_holds_details_the_rates_in_their_own_order():
     assert list(verdict[1]) == list(full[1]) == ["today", "capacity_target"]
     # a run that stopped on its settled misses fails the verdict with no summary to detail
     assert searches._targets_hold(lambda rate, verdict_only=False: ([], True), rates, slo, verdict_only=True) == (False, {})
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2 ** 16), ttft_ms=st.floats(100.0, 3000.0), q=st.sampled_from([50, 90, 99]),
+       goal=st.sampled_from([0.5, 0.9]), policy=st.sampled_from(["static", "continuous", "continuous_chunked"]),
+       cap=st.sampled_from([1, 4]))
+def test_capacity_searches_find_the_same_brackets_with_runs_stopped_on_their_misses(seed, ttft_ms, q, goal, policy,
+                                                                                   cap):
+    traces = [generate({**SPEC, "num_requests": 120}, seed + k) for k in range(2)]
+    criteria = {"stable": Criterion(SLO(), attainment_goal=0.0),
+                "ttft": Criterion(SLO(ttft_ms=ttft_ms, ttft_percentile=q)),
+                "joint": Criterion(SLO(ttft_ms=ttft_ms, ttft_percentile=q, tpot_ms=40.0), attainment_goal=goal)}
+    args = (traces, [0, 1], GROWING, policy, cap, 128, criteria, 0.05, 64.0, 0.05, 400, 16)
+    stopped = capacity_searches(*args)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Criterion, "miss_limit", lambda self, trace: None)
+        assert capacity_searches(*args) == stopped
+
+
+def test_a_fleet_cell_is_the_same_with_runs_stopped_on_their_misses():
+    # one replica fails the targets (runs stop on their misses), four meet them; the speed-up needed is about 2.8
+    workload = {**SPEC, "num_requests": 120, "rate": 6.0}
+    slo = {"ttft_ms": 300.0, "ttft_percentile": 90, "tpot_ms": 100.0, "capacity_target_rate": 12.0, "attainment_goal": 0.9}
+    args = (GROWING, {"memory": {"param_bytes": 0, "kv_bytes_per_token": 200000}}, "continuous", 2, workload, slo,
+            {"chunk_size": 512, "horizon_factor": 20.0}, {"block_size": 16, "budget_gb": 1.0}, [0, 1],
+            {"rate_min": 0.05, "rate_max": 64.0, "tolerance": 0.05}, {"max_replicas": 8, "routers": sorted(ROUTERS)})
+    full_runs, stops = searches.simulate_fleet, []
+
+    def watched(*a, **k):
+        result = full_runs(*a, **k)
+        stops.append(result.misses_settled)
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(searches, "simulate_fleet", watched)
+        stopped = searches.fleet_cell(*args)
+        patch.setattr(searches, "simulate_fleet", lambda *a, stop_when_missed=None, **k: full_runs(*a, **k))
+        assert searches.fleet_cell(*args) == stopped
+    assert any(stops) and not all(stops)
+    assert {found["replicas"] for found in stopped["fleets"].values()} == {4}
