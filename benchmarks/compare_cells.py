@@ -5,7 +5,7 @@
 
 Each cell is computed from the reference run's cost models (results/fit/costmodel.json for this machine,
 results/machines/<target>/costmodel.json for a target) and machine.json, with the cell functions of
-servingplan.planner and the config's sections as the pipeline passes them. OUT gets the cells in the
+servingplan.planner and servingplan.searches and the config's sections as the pipeline passes them. OUT gets the cells in the
 pipeline's layout (OUT/machines/<machine>/{capacity,fleet}/cells/*.json, sweep/cells/*.csv) and
 OUT/cpu.json: the CPU seconds each (machine, stage) took in this process, imports excluded (a pipeline
 job adds its own start-up to each cell).
@@ -33,7 +33,7 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from servingplan import planner  # noqa: E402
+from servingplan import planner, searches  # noqa: E402
 from servingplan.config import HERE, simulation_seeds  # noqa: E402
 from servingplan.costmodel import load  # noqa: E402
 from servingplan.io import read_json, write_csv, write_json  # noqa: E402
@@ -67,9 +67,9 @@ def compute(reference: Path, out: Path, config: dict, machines: list[str], stage
                     path = cell_path(out, machine, stage, f"{policy}_cap{cap}")
                     path.parent.mkdir(parents=True, exist_ok=True)
                     if stage == "capacity":
-                        write_json(path, planner.capacity_cell(*args, config["capacity"]))
+                        write_json(path, searches.capacity_cell(*args, config["capacity"]))
                     elif stage == "fleet":
-                        write_json(path, planner.fleet_cell(*args, config["capacity"], config["cost"]))
+                        write_json(path, searches.fleet_cell(*args, config["capacity"], config["cost"]))
                     else:
                         write_csv(path, planner.sweep_cell(*args))
             cpu[f"{machine}/{stage}"] = round(time.process_time() - start, 2)

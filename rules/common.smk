@@ -67,8 +67,8 @@ def sources(*patterns):
 # A trace file is an input of every rule that reads it: editing the file reruns them. Its path, like
 # every path the user names, is relative to the directory snakemake runs in.
 TRACE_FILE = [config["workload"]["trace"]["path"]] if config["workload"].get("trace") else []
-SIM_SOURCES = sources("sim/*.py", "costmodel.py", "workload.py", "metrics.py", "capacity.py", "io.py",
-                      "pipeline.py")
+SIM_SOURCES = sources("sim/*.py", "costmodel.py", "workload.py", "metrics.py", "capacity.py", "searches.py",
+                      "io.py", "pipeline.py")
 CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 

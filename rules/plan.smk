@@ -50,7 +50,7 @@ rule fleet_cell:
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
-        code=SIM_SOURCES + sources("planner.py"),
+        code=SIM_SOURCES,
     output:
         f"{MACHINE_DIR}/fleet/cells/{{policy}}_cap{{cap}}.json",
     params:
@@ -111,7 +111,7 @@ rule recommend:
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
-        code=sources("money.py", "planner.py", "seeds.py", "workload.py", "capacity.py"),
+        code=sources("money.py", "planner.py", "searches.py", "seeds.py", "workload.py", "capacity.py"),
     output:
         report(f"{MACHINE_DIR}/recommendation.json", caption="../reports/captions/recommendation.rst",
                category="Recommendation"),

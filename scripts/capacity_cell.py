@@ -1,7 +1,7 @@
 from servingplan.costmodel import load
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
-from servingplan.planner import capacity_cell
+from servingplan.searches import capacity_cell
 
 
 def main(sm):

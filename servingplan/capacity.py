@@ -14,7 +14,10 @@ share what is already known instead of each starting from [rate_min, rate_max]:
 - a search starts at a guess (the same criterion's bracket on the previous seed, or at the fitted speed
   scaled by the service-rate bounds' ratio) and widens geometrically until the threshold is bracketed,
   then bisects as before;
-- a run stops as soon as its queue is settled unstable (sim.simulator's stop_when_unstable).
+- a run stops as soon as its queue is settled unstable (sim.simulator's stop_when_unstable), or once
+  every criterion that will read it (the one whose search runs it and those searched after) is settled
+  failing by the requests already known to miss a bound (sim.misses): bare stability is searched first,
+  so the later criteria's runs stop that way.
 Each bracket still has the SLO holding at `lower`, failing at `upper` and upper / lower - 1 <= tolerance,
 so the capacity agrees with a search from [rate_min, rate_max] within the tolerance.
 """
@@ -26,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from servingplan.metrics import SLO, slo_verdict
+from servingplan.metrics import SLO, miss_limit, slo_verdict
 from servingplan.sim import policies, simulate
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.workload import Trace
@@ -44,6 +47,13 @@ class Criterion:
         if self.attainment_goal is not None:
             return summary["attainment"] >= self.attainment_goal
         return bool(summary["slo_holds"])
+
+    def miss_limit(self, trace: Trace):
+        """What settles this criterion failing before a run of `trace` ends (metrics.miss_limit), or None
+        for bare stability, which only a finished run shows."""
+        if _stability_only(self):
+            return None
+        return miss_limit(self.slo, trace.output_tokens, self.attainment_goal)
 
     @property
     def label(self) -> str:
@@ -204,16 +214,21 @@ def capacity_searches(traces: list[Trace], seeds: list[int], cost, policy: str, 
     per_seed = {(model, name): [] for model in models for name in criteria}
     for model_name, model in models.items():
         for index, (seed, trace) in enumerate(zip(seeds, traces)):
-            runs, verdicts = {}, {}     # rate -> SimResult (stopped once settled unstable); (rate, name) -> bool
+            runs, verdicts = {}, {}     # rate -> SimResult (stopped once settled); (rate, name) -> bool
 
             def judged(rate, name):
                 if rate not in runs:
+                    # the criteria that will read this run: this one and those searched after it; it stops
+                    # once each of them is settled failing (none can be for bare stability)
+                    limits = [criteria[reader].miss_limit(trace) for reader in order[order.index(name):]]
                     runs[rate] = simulate(trace.with_rate(rate), model, policy, cap, chunk_size, kv_blocks,
                                           block_size, horizon_factor, chunk_budget=chunk_budget,
-                                          stop_when_unstable=True)
+                                          stop_when_unstable=True,
+                                          stop_when_missed=limits if None not in limits else None)
                 if (rate, name) not in verdicts:
                     result = runs[rate]
-                    verdicts[(rate, name)] = result.stable and criteria[name].holds(slo_verdict(result, criteria[name].slo))
+                    verdicts[(rate, name)] = not result.misses_settled and result.stable and criteria[name].holds(
+                        slo_verdict(result, criteria[name].slo))
                 return verdicts[(rate, name)]
 
             bound = saturation_rate(trace, model, policy, cap)

@@ -2,7 +2,7 @@
 fitted at the profile's threads is carried by the roofline (servingplan.hardware.carry_over, the same
 method every `hardware:` target's estimate uses) to "this machine at 1 thread", whose roofline is a
 1-thread profile's own peak probes; then every (policy, cap) cell's capacity, searched as the capacity
-stage searches it (servingplan.planner.capacity_cell), is compared with the capacity of the model
+stage searches it (servingplan.searches.capacity_cell), is compared with the capacity of the model
 fitted to that 1-thread profile. The truth of this one target is measurable here, which no other
 target's is.
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from servingplan import architecture, hardware
 from servingplan.costmodel import CostModel
-from servingplan.planner import capacity_cell
+from servingplan.searches import capacity_cell
 
 GOAL = 0.15
 CRITERIA = ("ttft_slo", "stable")

@@ -17,8 +17,8 @@ from dataclasses import dataclass, fields
 from itertools import chain
 
 import numpy as np
-import pandas as pd
 
+from servingplan.sim.misses import MissLimit
 from servingplan.sim.simulator import SimResult
 from servingplan.workload import mean_rate
 
@@ -141,12 +141,13 @@ def request_itl_percentile(result: SimResult, q: float) -> np.ndarray:
     return inter_token_gaps(result, q)[1]
 
 
-def per_request(result: SimResult) -> pd.DataFrame:
-    """One row per request; NaN where a time was never reached."""
+def request_columns(result: SimResult) -> dict[str, np.ndarray]:
+    """per_request's columns as arrays, which summarize and the capacity and fleet searches read without
+    building a frame (their processes then never import pandas)."""
     n_out = np.asarray(result.output_tokens)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n_out >= 2, (result.completion_s - result.first_token_s) / (n_out - 1), np.nan)
-    return pd.DataFrame({
+    return {
         "id": np.arange(len(result.arrival_s)),
         "arrival_s": result.arrival_s,
         "prompt_tokens": result.prompt_tokens,
@@ -163,27 +164,34 @@ def per_request(result: SimResult) -> pd.DataFrame:
         "recomputed_tokens": result.recomputed_tokens,
         "rejected": result.rejected,
         "finished": result.finished,
-    })
+    }
 
 
-def good_requests(result: SimResult, slo: SLO, frame: pd.DataFrame | None = None,
-                  own_itl: np.ndarray | None = None) -> np.ndarray:
-    """Boolean mask of the requests that finished and met every bound of `slo`. `frame` and `own_itl`
-    (request_itl_percentile at slo.itl_percentile) are computed when not given."""
-    frame = per_request(result) if frame is None else frame
-    good = frame["finished"].to_numpy().copy()
+def per_request(result: SimResult):
+    """One row per request (a pandas DataFrame); NaN where a time was never reached."""
+    import pandas as pd    # imported here: see request_columns
+
+    return pd.DataFrame(request_columns(result))
+
+
+def good_requests(result: SimResult, slo: SLO, frame=None, own_itl: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask of the requests that finished and met every bound of `slo`. `frame` (per_request or
+    request_columns) and `own_itl` (request_itl_percentile at slo.itl_percentile) are computed when not
+    given."""
+    frame = request_columns(result) if frame is None else frame
+    good = np.array(frame["finished"], dtype=bool)
     if slo.ttft_ms is not None:
-        good &= frame["ttft_s"].to_numpy() * 1e3 <= slo.ttft_ms
+        good &= np.asarray(frame["ttft_s"]) * 1e3 <= slo.ttft_ms
     if slo.tpot_ms is not None:
         # vLLM counts a one-token reply's TPOT as 0 for goodput
-        tpot = frame["tpot_s"].to_numpy()
-        good &= (frame["output_tokens"].to_numpy() < 2) | (tpot * 1e3 <= slo.tpot_ms)
+        tpot = np.asarray(frame["tpot_s"])
+        good &= (np.asarray(frame["output_tokens"]) < 2) | (tpot * 1e3 <= slo.tpot_ms)
     if slo.itl_ms is not None:
         if own_itl is None:
             own_itl = request_itl_percentile(result, slo.itl_percentile)
         good &= np.isnan(own_itl) | (own_itl * 1e3 <= slo.itl_ms)
     if slo.e2el_ms is not None:
-        good &= frame["e2e_s"].to_numpy() * 1e3 <= slo.e2el_ms
+        good &= np.asarray(frame["e2e_s"]) * 1e3 <= slo.e2el_ms
     return good
 
 
@@ -207,12 +215,12 @@ def _latency_stats(prefix: str, values_s: np.ndarray, sort_in_place: bool = Fals
     return out
 
 
-def _slo_outcome(result: SimResult, slo: SLO | None, frame: pd.DataFrame, ttft: np.ndarray, tpot: np.ndarray,
+def _slo_outcome(result: SimResult, slo: SLO | None, frame: dict, ttft: np.ndarray, tpot: np.ndarray,
                  e2e: np.ndarray, gaps: np.ndarray | None, own_itl: np.ndarray | None) -> tuple[np.ndarray, bool]:
     """The good requests and whether the aggregate SLO holds, from summarize's arrays (unfinished
     requests' latencies infinite)."""
     if slo is None:
-        return frame["finished"].to_numpy(), True
+        return frame["finished"], True
     good = good_requests(result, slo, frame, own_itl)
     checks = []
     if slo.ttft_ms is not None:
@@ -227,26 +235,59 @@ def _slo_outcome(result: SimResult, slo: SLO | None, frame: pd.DataFrame, ttft: 
     return good, all(checks)
 
 
-def _latencies(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TTFT, TPOT (of requests with two or more tokens) and E2E in seconds, infinite where unfinished."""
-    finished = frame["finished"].to_numpy()
-    n_out = frame["output_tokens"].to_numpy()
+def _latencies(frame: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, TPOT (of requests with two or more tokens) and E2E in seconds, infinite where unfinished,
+    from request_columns."""
+    finished = frame["finished"]
+    n_out = frame["output_tokens"]
     ttft = np.where(np.isnan(frame["ttft_s"]), math.inf, frame["ttft_s"])
     e2e = np.where(finished, frame["e2e_s"], math.inf)
     tpot = np.where(finished, frame["tpot_s"], math.inf)[n_out >= 2]
     return ttft, tpot, e2e
 
 
+def _misses_at_position(n: int, q: float) -> float:
+    """How many of n values over a bound put the bound below their q-th percentile whatever the rest
+    are: those filling _sorted_percentile's lower position and every one above it (which the
+    interpolation never goes below). inf for no values."""
+    return n - math.floor(q / 100.0 * (n - 1)) if n else math.inf
+
+
+def miss_limit(slo: SLO, output_tokens, attainment_goal: float | None = None) -> MissLimit | None:
+    """The misses that settle a verdict failing before its run ends (sim.misses), for a trace of
+    requests with these `output_tokens`: with `attainment_goal`, joint attainment of `slo` below it;
+    else the aggregate SLO (any of its TTFT and TPOT percentiles over its bound). None when misses of
+    TTFT or TPOT cannot settle it (no such bound, or no attainment goal above 0)."""
+    n_out = np.asarray(output_tokens)
+    n, multi_token = len(n_out), int(np.sum(n_out >= 2))
+    if slo.ttft_ms is None and slo.tpot_ms is None:
+        return None
+    if attainment_goal is not None:
+        # good / n >= goal fails once n - bad, the most requests that can still be good, falls below it
+        bad = next((b for b in range(n + 1) if (n - b) / n < attainment_goal), None) if n else None
+        return None if bad is None else MissLimit(slo.ttft_ms, slo.tpot_ms, bad=bad)
+    return MissLimit(slo.ttft_ms, slo.tpot_ms,
+                     ttft_misses=_misses_at_position(n, slo.ttft_percentile) if slo.ttft_ms is not None else math.inf,
+                     tpot_misses=(_misses_at_position(multi_token, slo.tpot_percentile) if slo.tpot_ms is not None
+                                  else math.inf))
+
+
+def _refuse_stopped(result: SimResult) -> None:
+    if result.misses_settled:
+        raise ValueError("a run stopped once its SLO verdicts were settled failing has no figures to report")
+
+
 def slo_verdict(result: SimResult, slo: SLO | None = None) -> dict:
     """What a capacity criterion reads of summarize(result, slo), without its latency statistics:
     `stable`, `attainment` and `slo_holds`, computed by the same code."""
-    frame = per_request(result)
+    _refuse_stopped(result)
+    frame = request_columns(result)
     ttft, tpot, e2e = _latencies(frame)
     gaps = own_itl = None
     if slo is not None and slo.itl_ms is not None:
         gaps, own_itl = inter_token_gaps(result, slo.itl_percentile)
     good, holds = _slo_outcome(result, slo, frame, ttft, tpot, e2e, gaps, own_itl)
-    n = len(frame)
+    n = len(result.arrival_s)
     return {"stable": bool(result.stable), "attainment": float(good.sum()) / n if n else None,
             "slo_holds": bool(holds)}
 
@@ -257,11 +298,13 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict:
 
     As in vLLM, throughput counts the output tokens of finished requests, and throughput and goodput
     divide by the run's duration, from the first arrival to the last completion (or to the end of
-    a truncated run). With no SLO every finished request is good."""
-    frame = per_request(result)
-    n = len(frame)
-    finished = frame["finished"].to_numpy()
-    n_out = frame["output_tokens"].to_numpy()
+    a truncated run). With no SLO every finished request is good. A run stopped on its settled verdicts
+    (sim.misses) is refused."""
+    _refuse_stopped(result)
+    frame = request_columns(result)
+    n = len(result.arrival_s)
+    finished = frame["finished"]
+    n_out = frame["output_tokens"]
     # unfinished requests count as infinitely late
     ttft, tpot, e2e = _latencies(frame)
 

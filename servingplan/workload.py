@@ -11,11 +11,14 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from servingplan.io import parse_json, read_text_input
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Arrivals closer together than this are one instant: no log resolves finer, and a gap below it
 # (1e-320 s) rescaled to a rate overflows. A trace spanning more than MAX_TRACE_SPAN_S (three years) is
@@ -49,6 +52,9 @@ class Trace:
         return float(self.arrival_s[-1]) if len(self) else 0.0
 
     def to_frame(self) -> pd.DataFrame:
+        # imported here: the simulations read traces as arrays, and their processes then never import pandas
+        import pandas as pd
+
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 

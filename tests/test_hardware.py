@@ -13,7 +13,7 @@ import yaml
 from markupsafe import escape
 
 import test_report
-from servingplan import architecture, hardware, planner, roofline
+from servingplan import architecture, hardware, planner, roofline, searches
 from servingplan.config import ConfigError, check, simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_json
@@ -227,8 +227,8 @@ def plan_machine(cost: CostModel, machine: dict, config: dict, cells, seeds, lab
     args = (config["workload"], config["slo"], config["sweep"], config["memory"], seeds)
     latency = pd.concat([planner.sweep_cell(cost, machine, p, c, *args) for p, c in cells], ignore_index=True)
     capacity = pd.DataFrame([row for p, c in cells for row in
-                             planner.capacity_rows(planner.capacity_cell(cost, machine, p, c, *args, config["capacity"]))])
-    fleets = [planner.fleet_cell(cost, machine, p, c, *args, config["capacity"], config["cost"]) for p, c in cells]
+                             planner.capacity_rows(searches.capacity_cell(cost, machine, p, c, *args, config["capacity"]))])
+    fleets = [searches.fleet_cell(cost, machine, p, c, *args, config["capacity"], config["cost"]) for p, c in cells]
     memory, _ = planner.memory_table(machine, latency, config["memory"], config["workload"]["rate"])
     priced = {**config["cost"], **({"price_per_hour": price} if price is not None else {})}
     return planner.recommend(latency, capacity, memory, fleets, priced, config["slo"], config["workload"], seeds,

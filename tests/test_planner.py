@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from servingplan import planner
+from servingplan import planner, searches
 from servingplan.capacity import search_rate
 from servingplan.money import cost_per_1k_tokens, max_replicas_within
 from servingplan.costmodel import CostModel
@@ -49,14 +49,14 @@ def test_search_rate_runs_nothing_it_already_knows():
 @pytest.mark.parametrize("fewest", [1, 2, 5])
 def test_smallest_fleet_finds_the_threshold(needed, fewest):
     fewest = min(fewest, needed)
-    found = planner.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64, fewest)
+    found = searches.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64, fewest)
     assert found["feasible"] and found["replicas"] == needed and found["detail"] == {"r": needed}
     assert min(found["tried"]) >= fewest
 
 
 @pytest.mark.parametrize("needed", [1, 3, 64, 65])
 def test_smallest_fleet_by_doubling_alone_finds_the_threshold_or_reports_infeasible(needed):
-    found = planner.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64, largest_first=False)
+    found = searches.smallest_fleet(lambda r: (r >= needed, {"r": r}), 64, largest_first=False)
     if needed <= 64:
         assert found["feasible"] and found["replicas"] == needed
     else:
@@ -64,17 +64,17 @@ def test_smallest_fleet_by_doubling_alone_finds_the_threshold_or_reports_infeasi
 
 
 def test_smallest_fleet_reports_infeasible_after_one_try():
-    found = planner.smallest_fleet(lambda r: (False, {"r": r}), 64)
+    found = searches.smallest_fleet(lambda r: (False, {"r": r}), 64)
     assert not found["feasible"] and found["tried"] == [64] and found["at_max"] == {"r": 64}
 
 
 def test_smallest_speedup():
-    found = planner.smallest_speedup(lambda s: s >= 3.7, 0.01)
+    found = searches.smallest_speedup(lambda s: s >= 3.7, 0.01)
     assert found["speedup_bracket"][0] < 3.7 <= found["speedup_needed"] <= 3.7 * 1.01
-    assert planner.smallest_speedup(lambda s: True, 0.01)["speedup_needed"] == 1.0
-    assert planner.smallest_speedup(lambda s: False, 0.01)["speedup_needed"] is None
+    assert searches.smallest_speedup(lambda s: True, 0.01)["speedup_needed"] == 1.0
+    assert searches.smallest_speedup(lambda s: False, 0.01)["speedup_needed"] is None
     for fails_up_to, guess in ((2.0, None), (3.6, 3.7 * 1.01), (1.0, 50.0), (3.0, 3.1)):
-        found = planner.smallest_speedup(lambda s: s >= 3.7, 0.01, fails_up_to, guess)
+        found = searches.smallest_speedup(lambda s: s >= 3.7, 0.01, fails_up_to, guess)
         assert found["speedup_bracket"][0] < 3.7 <= found["speedup_needed"] <= found["speedup_bracket"][0] * 1.01
 
 
@@ -172,14 +172,14 @@ def hand_made_plan(cost_model, interval=None, serving_rss=None, speed=None, pric
     args = (MACHINE, "continuous_chunked", 4, config["workload"], config["slo"], config["sweep"], config["memory"],
             seeds)
     latency = planner.sweep_cell(cost_model, *args)
-    cap = planner.capacity_cell(cost_model, *args, config["capacity"])
+    cap = searches.capacity_cell(cost_model, *args, config["capacity"])
     rows = []
     for name, res in cap.items():
         row = {"criterion_name": name, **{k: v for k, v in res.items() if k != "per_seed"}}
         if interval:
             row.update(interval_lo_rps=res["capacity_rps"] * interval[0], interval_hi_rps=res["capacity_rps"] * interval[1])
         rows.append(row)
-    fleet = planner.fleet_cell(cost_model, *args, config["capacity"], config["cost"])
+    fleet = searches.fleet_cell(cost_model, *args, config["capacity"], config["cost"])
     memory, _ = planner.memory_table(MACHINE, latency, config["memory"], config["workload"]["rate"])
     machine = dict(MACHINE, speed=speed) if speed else MACHINE
     serving_memory = {"rows": [{"policy": "continuous_chunked", "cap": 4, "peak_rss_bytes": serving_rss,
@@ -256,12 +256,12 @@ def test_the_latency_targets_hold_only_when_the_slowest_seed_meets_them():
         return run
 
     # mean 250 ms, within the target; the slower seed, 320 ms, is not
-    ok, detail = planner._targets_hold(run_of([180.0, 320.0]), rates, slo)
+    ok, detail = searches._targets_hold(run_of([180.0, 320.0]), rates, slo)
     assert not ok and detail["today"]["ttft_ms_mean"] == 250.0
     assert detail["today"]["ttft_ms_range"] == [180.0, 320.0]
-    assert planner._targets_hold(run_of([180.0, 300.0]), rates, slo)[0]
+    assert searches._targets_hold(run_of([180.0, 300.0]), rates, slo)[0]
     # an unstable seed fails the targets and leaves no percentile
     unstable = lambda rate, verdict_only=False: ([{"stable": True, "ttft_ms_p90": 100.0},  # noqa: E731
                                                   {"stable": False, "ttft_ms_p90": None}], False)
-    ok, detail = planner._targets_hold(unstable, rates, slo)
+    ok, detail = searches._targets_hold(unstable, rates, slo)
     assert not ok and detail["today"]["ttft_ms_range"] is None and detail["today"]["ttft_ms_mean"] is None

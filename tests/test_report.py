@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from servingplan import architecture, exercise2, planner, roofline
+from servingplan import architecture, exercise2, planner, roofline, searches
 from servingplan.config import simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.findings import findings
@@ -284,9 +284,9 @@ def build_run(directory: Path, scenario: str, title: str = HOSTILE_TITLE, with_v
     latency = pd.concat([planner.sweep_cell(fitted, meta, p, c, *args) for p in POLICIES for c in CAPS],
                         ignore_index=True)
     capacity = pd.DataFrame([row for p in POLICIES for c in CAPS
-                             for row in planner.capacity_rows(planner.capacity_cell(fitted, meta, p, c, *args,
+                             for row in planner.capacity_rows(searches.capacity_cell(fitted, meta, p, c, *args,
                                                                             config["capacity"]))])
-    fleets = [planner.fleet_cell(fitted, meta, p, c, *args, config["capacity"], config["cost"])
+    fleets = [searches.fleet_cell(fitted, meta, p, c, *args, config["capacity"], config["cost"])
               for p in POLICIES for c in CAPS]
     paths["fleet"] = [d / "fleet" / f"{f['policy']}_cap{f['max_num_seqs']}.json" for f in fleets]
     for path, fleet in zip(paths["fleet"], fleets):

@@ -5,7 +5,8 @@ import itertools
 
 from servingplan.costmodel import CostModel
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
-from servingplan.sim.simulator import Replica, SimResult, Timeline, run_replicas
+from servingplan.sim.misses import MissLimit
+from servingplan.sim.simulator import Replica, SimResult, Timeline, miss_watch, run_replicas
 from servingplan.workload import Trace
 
 
@@ -27,12 +28,13 @@ READS_STATE = {"join_shortest_queue"}
 def simulate_fleet(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
                    kv_blocks: int | None, block_size: int, horizon_factor: float, replicas: int,
                    router: str, record_tokens: bool = False, chunk_budget: str = DEFAULT_CHUNK_BUDGET,
-                   stop_when_unstable: bool = False) -> SimResult:
+                   stop_when_unstable: bool = False, stop_when_missed: list[MissLimit] | None = None) -> SimResult:
+    """`replicas` replicas behind `router`; the stops as in simulator.simulate."""
     if router not in ROUTERS:
         raise ValueError(f"router={router!r}: allowed {', '.join(ROUTERS)}")
     if replicas < 1:
         raise ValueError(f"replicas={replicas}: must be >= 1")
-    timeline = Timeline(len(trace), record_tokens)
+    timeline = Timeline(len(trace), record_tokens, miss_watch(trace, stop_when_missed))
     fleet = [Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline, None, chunk_budget)
              for _ in range(replicas)]
     return run_replicas(trace, fleet, ROUTERS[router](), horizon_factor, policy, max_num_seqs, chunk_size,

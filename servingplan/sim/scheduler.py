@@ -268,10 +268,11 @@ class Scheduler:
         beyond those free now; the step itself counts as one."""
         if self.kv.total is None:
             return limit
-        free = self.kv.free
+        free, block_size = self.kv.free, self.kv.block_size
 
         def extra_blocks(k):
-            return sum(self.kv.blocks_for(s.decode_context + k - 1) - s.blocks for s in step.decodes)
+            # blocks_for and decode_context spelled out: this runs for every fast-forwarded decode run
+            return sum([-(-(s.prompt_len + s.generated + k - 1) // block_size) - s.blocks for s in step.decodes])
 
         if extra_blocks(limit) <= free:     # the usual case, a cache with room: one sum, not a bisection
             return limit

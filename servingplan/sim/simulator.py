@@ -59,15 +59,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from servingplan.costmodel import CostModel
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 from servingplan.sim.steps import StepRecorder
 from servingplan.workload import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from servingplan.sim.misses import MissLimit, MissWatch
 
 
 @dataclass
@@ -99,6 +104,8 @@ class SimResult:
     chunk_size: int
     meta: dict = field(default_factory=dict)
     step_table: pd.DataFrame | None = None   # one row per engine step (STEP_COLUMNS) when recorded
+    misses_settled: bool = False  # stopped once every verdict watching it was settled failing (sim.misses):
+                                  # it has no latency or stability figure to report
 
     @property
     def finished(self) -> np.ndarray:
@@ -145,14 +152,29 @@ LOAD_RESOLUTION = 1e-9
 
 
 
+def miss_watch(trace: Trace, limits: list[MissLimit] | None) -> MissWatch | None:
+    """A watch over `trace`'s requests for the verdicts `limits` settle, or none."""
+    if not limits:
+        return None
+    # imported here: the real-time replay loads SimResult from this module, and its rule lists none of the
+    # simulator's other modules among its inputs (editing them must not rerun it)
+    from servingplan.sim.misses import MissWatch
+    return MissWatch(limits, trace.arrival_s, trace.output_tokens)
+
+
 class Timeline:
     """Per-request timestamps, shared by every replica serving one trace."""
 
-    def __init__(self, n: int, record_tokens: bool):
+    def __init__(self, n: int, record_tokens: bool, watch: MissWatch | None = None):
         self.scheduled = np.full(n, np.nan)
         self.first = np.full(n, np.nan)
         self.done = np.full(n, np.nan)
         self.spans = [[] for _ in range(n)] if record_tokens else None
+        self.watch = watch
+
+    @property
+    def misses_settled(self) -> bool:
+        return self.watch is not None and self.watch.settled
 
 
 class Replica:
@@ -203,9 +225,11 @@ class Replica:
         """Run steps while the clock is before `until` (a step that starts before it runs to its
         end); an idle engine waits until then. Stops early past `horizon`, or past `settled_by` with its
         last request unfinished."""
-        sched = self.sched
+        sched, watch = self.sched, self.timeline.watch
         while self.t < until and self.t <= horizon:
             if self.t >= settled_by and math.isnan(self.timeline.done[self.last[0]]):
+                return
+            if watch is not None and watch.settled:
                 return
             if sched.waiting or sched.running:
                 stepped = self._step(until)
@@ -276,11 +300,15 @@ class Replica:
         for seq, _ in prefills:
             if seq.generated and math.isnan(tl.first[seq.id]):
                 tl.first[seq.id] = self.t
+                if tl.watch is not None:
+                    tl.watch.first_token(seq.id, self.t)
         if tl.spans is not None:
             for seq in emitted:
                 tl.spans[seq.id].append((start, k, d0, dd))
         for seq in finished:
             tl.done[seq.id] = self.t
+            if tl.watch is not None:
+                tl.watch.finished(seq.id, self.t)
         return True
 
 
@@ -306,7 +334,9 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
     The run stops at `horizon_factor` trace-durations (at least 60 s past the last arrival); work
     left then marks it truncated, i.e. the queue was unstable. With `stop_when_unstable` it also stops,
     truncated, as soon as the backlog growth settles the run unstable (for searches that read only
-    verdicts: such a run's latencies are not the full run's). A route that reads no replica's state
+    verdicts: such a run's latencies are not the full run's); with a miss watch on the timeline, as soon as
+    the watch is settled (`misses_settled`: the run then has no verdict on keeping up either). A route
+    that reads no replica's state
     (`route_reads_state` False: round robin) fixes every request's replica up front, so each replica
     serves its own arrivals alone, as its own simulation would (no other replica's arrival interrupts its
     fast-forwarded decode runs); one that does advances every replica to each arrival. After the last
@@ -321,7 +351,7 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
     arrived = 0
     if route_reads_state:
         for i, arrival in enumerate(arrivals.tolist()):
-            if arrival > horizon:
+            if arrival > horizon or timeline.misses_settled:
                 break
             for replica in replicas:
                 replica.advance(arrival, horizon)
@@ -337,6 +367,8 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
             arrived += 1
         for replica, requests in zip(replicas, own):
             for i, arrival in requests:
+                if timeline.misses_settled:
+                    break
                 replica.advance(arrival, horizon)
                 rejected[i] = not replica.add(seqs[i], arrival)
     duration = trace.duration_s
@@ -350,7 +382,8 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
                       if stop_when_unstable and replica.last is not None else math.inf)
         replica.advance(math.inf, horizon, settled_by)
         backlog_growth = replica.backlog_growth()
-    truncated = any(not r.sched.idle for r in replicas) or arrived < n
+    settled = timeline.misses_settled
+    truncated = settled or any(not r.sched.idle for r in replicas) or arrived < n
 
     return SimResult(
         arrival_s=arrivals, prompt_tokens=np.asarray(trace.prompt_tokens),
@@ -361,9 +394,12 @@ def run_replicas(trace: Trace, replicas: list[Replica], route, horizon_factor: f
         token_spans=timeline.spans, end_s=max(r.t for r in replicas), truncated=truncated,
         steps=sum(r.steps for r in replicas), events=sum(r.events for r in replicas),
         peak_running=max(r.peak_running for r in replicas), peak_kv_blocks=max(r.peak_blocks for r in replicas),
-        peak_kv_tokens=max(r.peak_tokens for r in replicas), backlog_growth_s=backlog_growth,
+        peak_kv_tokens=max(r.peak_tokens for r in replicas),
+        # a run stopped on its missed SLO never settled whether it keeps up
+        backlog_growth_s=None if settled else backlog_growth,
         policy=policy, max_num_seqs=max_num_seqs, chunk_size=chunk_size, meta={"replicas": len(replicas)},
         step_table=replicas[0].recorder.frame() if len(replicas) == 1 and replicas[0].recorder is not None else None,
+        misses_settled=settled,
     )
 
 
@@ -388,11 +424,13 @@ def drain_judged_on_mean(replicas: list[Replica], duration: float, horizon: floa
 def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int = 512,
              kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
              record_tokens: bool = False, record_steps: bool = False,
-             chunk_budget: str = DEFAULT_CHUNK_BUDGET, stop_when_unstable: bool = False) -> SimResult:
+             chunk_budget: str = DEFAULT_CHUNK_BUDGET, stop_when_unstable: bool = False,
+             stop_when_missed: list[MissLimit] | None = None) -> SimResult:
     """Serve `trace` on one replica; with `record_steps`, every engine step is a row of `step_table`;
-    with `stop_when_unstable`, stop as soon as the run is settled unstable (see run_replicas).
+    with `stop_when_unstable`, stop as soon as the run is settled unstable (see run_replicas); with
+    `stop_when_missed`, as soon as every one of those verdicts is settled failing (sim.misses).
     `chunk_budget` says what `chunk_size` counts (servingplan.sim.policies.CHUNK_BUDGETS)."""
-    timeline = Timeline(len(trace), record_tokens)
+    timeline = Timeline(len(trace), record_tokens, miss_watch(trace, stop_when_missed))
     replica = Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline,
                       StepRecorder() if record_steps else None, chunk_budget)
     return run_replicas(trace, [replica], lambda replicas, seq: 0, horizon_factor, policy, max_num_seqs,

@@ -7,7 +7,10 @@ columns (the real engine adds overhead_s and kv_moved_tokens) after these.
 """
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STEP_COLUMNS = ("step", "start_s", "duration_s", "batch", "ctx_sum", "ctx_max", "prefill_calls",
                 "n_prefill_calls", "prefill_tokens", "admitted", "preempted", "emitted", "prefill_s", "decode_s")
@@ -31,4 +34,7 @@ class StepRecorder:
                           "prefill_s": prefill_s, "decode_s": decode_s, **extra})
 
     def frame(self) -> pd.DataFrame:
+        # imported here: the simulator records no steps in a search, whose processes then never import pandas
+        import pandas as pd
+
         return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS + self.extra_columns))
