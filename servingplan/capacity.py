@@ -212,6 +212,8 @@ def capacity_searches(traces: list[Trace], seeds: list[int], cost, policy: str, 
     # the bare stability criterion first: its failures bound every other criterion's search
     order = sorted(criteria, key=lambda name: not _stability_only(criteria[name]))
     per_seed = {(model, name): [] for model in models for name in criteria}
+    # what settles each criterion failing on each trace (metrics.miss_limit): fixed by the trace's replies
+    limits = [{name: criteria[name].miss_limit(trace) for name in order} for trace in traces]
     for model_name, model in models.items():
         for index, (seed, trace) in enumerate(zip(seeds, traces)):
             runs, verdicts = {}, {}     # rate -> SimResult (stopped once settled); (rate, name) -> bool
@@ -220,11 +222,11 @@ def capacity_searches(traces: list[Trace], seeds: list[int], cost, policy: str, 
                 if rate not in runs:
                     # the criteria that will read this run: this one and those searched after it; it stops
                     # once each of them is settled failing (none can be for bare stability)
-                    limits = [criteria[reader].miss_limit(trace) for reader in order[order.index(name):]]
+                    watched = [limits[index][reader] for reader in order[order.index(name):]]
                     runs[rate] = simulate(trace.with_rate(rate), model, policy, cap, chunk_size, kv_blocks,
                                           block_size, horizon_factor, chunk_budget=chunk_budget,
                                           stop_when_unstable=True,
-                                          stop_when_missed=limits if None not in limits else None)
+                                          stop_when_missed=watched if None not in watched else None)
                 if (rate, name) not in verdicts:
                     result = runs[rate]
                     verdicts[(rate, name)] = not result.misses_settled and result.stable and criteria[name].holds(
