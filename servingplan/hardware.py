@@ -4,11 +4,17 @@ Every term of the cost model (servingplan.costmodel) is the time of some work: a
 weight read, one sequence's matrix products, one cached token's attention, and so on. The bytes it
 moves and the FLOPs it does come from servingplan.roofline, the one work model the profiler and the
 fit use too. Its roofline time (floor) on a machine is max(bytes / bandwidth, FLOPs / float32 rate).
-A term is carried over to a target machine by the ratio of its floor there to its floor here (this
-machine's peak probes, machine.json), which keeps the share of the roofline the term reached here
-(its efficiency) unchanged:
+A term is carried over to a target machine by the ratio of its floor there to its floor here, which
+keeps the share of the roofline the term reached here (its efficiency) unchanged:
 
     term_target = max(term_here * floor_target / floor_here, floor_target)
+
+Here's floor uses the rates the profiled calls ran at: the median of the probe readings taken through
+the profile (machine.json roofline.seen), not their peak. On this shared machine two cores drew 31 to
+64 GB/s of bandwidth from one reading to the next while one core drew 28 to 34; the profiled times are
+medians over rounds, so they ran at the typical reading. Scaled from the peak, a profile that caught
+one quiet minute would carry its calls over as if they had used twice the bandwidth they saw: the
+1-thread check (servingplan.carry_check) then missed by up to 94% per call, against 13% from the median.
 
 The max is the target's own floor: a term fitted faster than this machine's floor (an imported model,
 or probes read differently) would otherwise carry its impossible speed over; each row records
@@ -119,7 +125,10 @@ def carry_over_notes(target: dict, rows: list[dict]) -> dict:
 
 
 def here_roofline(machine: dict) -> dict:
-    """This machine's roofline: the bandwidth and GEMM probes its profile measured."""
+    """The roofline a profile's calls ran at, which the carry-over scales from: the median of its probe
+    readings (machine.json roofline.seen), with the peaks and the number of readings beside it."""
     probes = machine["roofline"]
-    return {"name": "this machine", "bandwidth_gbs": float(probes["bandwidth_gbs"]),
-            "gflops": float(probes["gemm_gflops"])}
+    seen = probes["seen"]
+    return {"name": "this machine", "bandwidth_gbs": float(seen["bandwidth_gbs"]),
+            "gflops": float(seen["gemm_gflops"]), "readings": int(seen["readings"]),
+            "peak_bandwidth_gbs": float(probes["bandwidth_gbs"]), "peak_gflops": float(probes["gemm_gflops"])}

@@ -13,8 +13,8 @@ from test_planner import FAST, MACHINE, small_config
 
 
 def machine(threads: int, bandwidth_gbs: float, gflops: float) -> dict:
-    return {**MACHINE, "machine": {"threads": threads},
-            "roofline": {"bandwidth_gbs": bandwidth_gbs, "gemm_gflops": gflops}}
+    rates = {"bandwidth_gbs": bandwidth_gbs, "gemm_gflops": gflops}
+    return {**MACHINE, "machine": {"threads": threads}, "roofline": {**rates, "seen": {**rates, "readings": 1}}}
 
 
 def settings() -> dict:

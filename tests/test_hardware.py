@@ -45,6 +45,27 @@ def test_a_target_identical_to_this_machine_gives_back_the_same_model():
     assert not any(t["clamped"] for t in terms.values()) and model.meta["carry_over"]["clamped_terms"] == []
 
 
+def test_the_carry_over_scales_from_the_median_probe_reading_not_from_one_quiet_minutes_peak():
+    """Two of five bandwidth readings of a profile caught the neighbours quiet (the machine's two cores
+    drew twice the usual bandwidth): the calls ran at the typical reading, HERE's, so the carry-over
+    starts from it and a target with twice its rates halves the memory-bound terms."""
+    rates = [(100.0, 98.0), (190.0, 99.0), (95.0, 100.0), (104.0, 103.0), (200.0, 101.0)]
+    readings = [{"label": str(i), "bandwidth_gbs": bandwidth, "gemm_gflops": gflops}
+                for i, (bandwidth, gflops) in enumerate(rates)]
+    peak = {"bandwidth_gbs": 200.0, "gemm_gflops": 103.0, "readings": readings,
+            "seen": {"bandwidth_gbs": 100.0, "gemm_gflops": 100.0, "readings": 5}}
+    here = hardware.here_roofline({"roofline": peak})
+    assert (here["bandwidth_gbs"], here["gflops"], here["readings"]) == (100.0, 100.0, 5)
+    assert (here["peak_bandwidth_gbs"], here["peak_gflops"]) == (200.0, 103.0)
+    twice = {"name": "twice", "bandwidth_gbs": 200.0, "gflops": 200.0}
+    from_here = hardware.carry_over(COST, GPT2, here, twice)[0]
+    assert from_here == hardware.carry_over(COST, GPT2, HERE, twice)[0]
+    assert from_here.decode_fixed_s == pytest.approx(COST.decode_fixed_s / 2, rel=1e-12)
+    # from the peak the weight read would look as fast there as here
+    from_peak = hardware.carry_over(COST, GPT2, {"name": "here", "bandwidth_gbs": 200.0, "gflops": 103.0}, twice)[0]
+    assert from_peak.decode_fixed_s == pytest.approx(COST.decode_fixed_s, rel=1e-12)
+
+
 def test_a_memory_bound_term_scales_with_bandwidth_alone():
     # from 200 GFLOP/s up the target does the attention's 0.5 FLOP per KV byte faster than it reads them
     for gflops in (200.0, 1000.0, 50000.0):

@@ -9,11 +9,18 @@ GEMM probe runs the model's own products (servingplan.roofline.gemm_shapes) besi
 the profiler reads the probes several times through its run (`peak_roofline` keeps every reading and
 the highest of each): a machine whose speed moves is at its peak only some of the time, and the floors
 the fit must respect are only floors if they come from the fastest the machine went.
+
+The peak bounds the fit; it is not what the profiled calls ran at. On a shared machine the memory
+bandwidth two cores can draw moves with the neighbours' load (here 31 to 64 GB/s between readings of
+one profile, while one core drew 28 to 34), and each profiled point is a median over rounds. So
+`peak_roofline` also keeps the median of each probe's readings (`seen`): the rate a typical round ran
+at, which the carry-over to other machines scales from (servingplan.hardware.here_roofline).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import statistics
 import platform
 import time
 from importlib.metadata import version
@@ -138,7 +145,8 @@ def roofline_probes(probe_bytes: int, gemm_size: int, device: str = "cpu", gemm_
 def peak_roofline(readings: list[dict]) -> dict:
     """machine.json's `roofline` from every reading ({label, t_s, bandwidth_gbs, gemm_gflops,
     gemm_by_shape, ...}): the highest bandwidth and GEMM rate of any reading, which reading and product
-    gave each, how far the readings moved, and the readings themselves."""
+    gave each, how far the readings moved, the median of each (`seen`, what a typical round of the
+    profile ran at) and the readings themselves."""
     bandwidth = max(readings, key=lambda r: r["bandwidth_gbs"])
     gemm = max(readings, key=lambda r: r["gemm_gflops"])
     best_shape = max(gemm["gemm_by_shape"], key=gemm["gemm_by_shape"].get)
@@ -153,4 +161,7 @@ def peak_roofline(readings: list[dict]) -> dict:
             "peak": {"bandwidth_reading": bandwidth["label"], "gemm_reading": gemm["label"], "gemm_shape": best_shape,
                      "bandwidth_lowest_over_peak": lowest_over_peak("bandwidth_gbs"),
                      "gemm_lowest_over_peak": lowest_over_peak("gemm_gflops")},
+            "seen": {"bandwidth_gbs": statistics.median(r["bandwidth_gbs"] for r in readings),
+                     "gemm_gflops": statistics.median(r["gemm_gflops"] for r in readings),
+                     "readings": len(readings)},
             "readings": readings}
