@@ -1,6 +1,6 @@
 import pandas as pd
 
-from servingplan.costmodel import load
+from servingplan.costmodel import read_written
 from servingplan.findings import findings
 from servingplan.io import write_json
 from servingplan.pipeline import run_stage
@@ -9,7 +9,7 @@ from servingplan.pipeline import run_stage
 def main(sm):
     chunks = pd.read_csv(sm.input.chunks)
     write_json(sm.output[0], findings(pd.read_csv(sm.input.latency), pd.read_csv(sm.input.capacity),
-                                      chunks if not chunks.empty else None, load(sm.input.costmodel),
+                                      chunks if not chunks.empty else None, read_written(sm.input.costmodel),
                                       sm.params.slo, sm.params.workload))
 
 

@@ -1,4 +1,4 @@
-from servingplan.costmodel import load
+from servingplan.costmodel import read_written
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.pipeline import run_stage
 from servingplan.validation import run_comparison
@@ -6,7 +6,7 @@ from servingplan.validation import run_comparison
 
 def main(sm):
     p = sm.params
-    out = run_comparison(read_json(sm.input.replay), load(sm.input.costmodel), read_json(sm.input.machine),
+    out = run_comparison(read_json(sm.input.replay), read_written(sm.input.costmodel), read_json(sm.input.machine),
                          p.workload, p.validation, p.sweep, p.memory, p.seed)
     write_csv(sm.output.summary, out["comparison"])
     write_csv(sm.output.requests, out["requests"])

@@ -1,6 +1,6 @@
 import pandas as pd
 
-from servingplan.costmodel import load
+from servingplan.costmodel import read_written
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
@@ -15,7 +15,7 @@ def main(sm):
     tiny = p.model.get("tiny", False)
     model, _ = load_model("random" if tiny else p.model["source"], p.seed, QUICK_CONFIG_OVERRIDES if tiny else None,
                           p.model.get("device", "cpu"))
-    replayed = run_replay(model, load(sm.input.costmodel), read_json(sm.input.machine), pd.read_csv(sm.input.points),
+    replayed = run_replay(model, read_written(sm.input.costmodel), read_json(sm.input.machine), pd.read_csv(sm.input.points),
                           p.workload, p.validation, p.sweep, p.memory, p.seed, threads=p.threads or None)
     write_json(sm.output.replay, replayed)
 

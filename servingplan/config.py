@@ -13,6 +13,7 @@ import psutil
 import yaml
 
 from servingplan import architecture
+from servingplan.hardware import HERE
 from servingplan.memory import GB, largest_cap, reserved_tokens_per_seq
 from servingplan.profiling.machine import resolve_threads
 from servingplan.sim.policies import CHUNK_BUDGETS, POLICIES, chunk_budget, chunks
@@ -22,9 +23,6 @@ SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
 
 
 PROFILE_SOURCE = "profile"
-# The machine id of the machine the pipeline runs on, beside the `hardware` targets' names: no target
-# may take it.
-HERE = "here"
 # A config is a few kilobytes and a few levels deep; YAML anchors can make a small file expand to
 # billions of nodes, and every check below walks the expanded document.
 MAX_CONFIG_BYTES = 1 << 20

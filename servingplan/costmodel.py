@@ -36,8 +36,6 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import jsonschema
-
 from servingplan.io import parse_json, read_text_input
 
 SCHEMA_VERSION = 1
@@ -147,9 +145,9 @@ class CostModel:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CostModel":
+    def from_dict(cls, d: dict, schema: bool = True) -> "CostModel":
         """The model a JSON document describes, after `validate` found nothing wrong with it."""
-        validate(d)
+        validate(d, schema)
         dec, pre = d["decode"], d["prefill"]
         table = dec.get("batch_fixed_s", {"batches": [], "fixed_s": []})
         return cls(float(dec["fixed_s"]), float(dec["per_seq_s"]), float(dec["per_ctx_token_s"]),
@@ -243,6 +241,7 @@ def _check_meta_keys(meta: dict, where: str = "meta", read=READ_META_KEYS) -> No
 
 @lru_cache(maxsize=1)
 def _schema_validator():
+    import jsonschema   # here, not at the top: read_written's callers never need it
     # JSON Schema counts true as no integer but 1.0 as one; a schema_version or batch must be written as one
     strict = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda checker, instance: isinstance(instance, int) and not isinstance(instance, bool))
@@ -255,7 +254,7 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _unknown_key(error: jsonschema.ValidationError) -> str:
+def _unknown_key(error) -> str:
     """A key the schema does not list, named with the nearest key it does (a misspelling, usually)."""
     allowed = sorted(error.schema.get("properties", {}))
     extra = sorted(set(error.instance) - set(allowed))[0]
@@ -272,15 +271,16 @@ def _schema_errors(d) -> list:
     return sorted(_schema_validator().iter_errors(d), key=lambda e: list(map(str, e.absolute_path)))
 
 
-def validate(d) -> None:
+def validate(d, schema: bool = True) -> None:
     """Raise ValueError, one line naming the field, its value and what is allowed, unless `d` is a
     cost-model document (the JSON contract above) whose every step takes a finite, positive time:
-    coefficients finite and non-negative, a decode step and a prefill call never free."""
+    coefficients finite and non-negative, a decode step and a prefill call never free. Without `schema`
+    only the value checks run (read_written)."""
     if not isinstance(d, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(d), "a number")
         raise ValueError(f"cost model: the document is {kind}, must be a JSON object with schema_version, "
                          "decode and prefill")
-    errors = _schema_errors(d)
+    errors = _schema_errors(d) if schema else []
     unknown = [error for error in errors if error.validator == "additionalProperties"]
     if unknown:
         raise ValueError(_unknown_key(unknown[0]))
@@ -330,6 +330,7 @@ def validate(d) -> None:
                          "would take no time; one of them must be > 0")
     if errors:
         # what the checks above do not name (a name too long, a table too long) the schema does
+        import jsonschema
         error = jsonschema.exceptions.best_match(errors)
         where = ".".join(map(str, error.absolute_path)) or "(document)"
         raise ValueError(f"cost model {where} = {_short(error.instance)}: {' '.join(error.message.split())[:200]} "
@@ -342,6 +343,18 @@ def read_file(path: str | Path) -> CostModel:
     document = parse_json(read_text_input(path, "cost model", MAX_FILE_BYTES), repr(str(path)))
     try:
         return CostModel.from_dict(document)
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r}: {exc}") from None
+
+
+def read_written(path: str | Path) -> CostModel:
+    """A cost model this pipeline wrote under results/ (the fit, the carry-over or import_costmodel,
+    which read the user's file with read_file): `save` writes the contract's form, so the schema pass is
+    left out and only the value checks run. That pass would cost each of a run's simulation jobs (about
+    170) a fifth of a CPU-second importing jsonschema."""
+    document = parse_json(read_text_input(path, "cost model", MAX_FILE_BYTES), repr(str(path)))
+    try:
+        return CostModel.from_dict(document, schema=False)
     except ValueError as exc:
         raise ValueError(f"{str(path)!r}: {exc}") from None
 

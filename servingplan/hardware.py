@@ -34,6 +34,9 @@ from __future__ import annotations
 from servingplan import roofline
 from servingplan.costmodel import CostModel
 
+# The machine id of the machine the pipeline runs on, beside the `hardware` targets' names: no target
+# may take it.
+HERE = "here"
 MACHINE_KINDS = ("cpu", "gpu")
 # The default host time of one forward pass of the model on a GPU target, in ms (config:
 # hardware[].launch_overhead_ms). GPT-2 small's forward in eager PyTorch (transformers' GPT2 blocks)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import psutil
 
-from servingplan.config import ConfigError
 
 _terminal = None
 # prctl(2)'s option: the signal this process gets when its parent dies
@@ -90,7 +89,8 @@ def run_stage(snakemake, main) -> None:
         print(f"started_unix {time.time():.3f}", flush=True)
         try:
             main(snakemake)
-        except (ConfigError, ValueError, FileNotFoundError) as exc:
+        # a bad input (servingplan.config.ConfigError is a ValueError too): its one line, no traceback
+        except (ValueError, FileNotFoundError) as exc:
             traceback.print_exc()
             print(f"{snakemake.rule}: {exc}", file=real_stderr)
             raise SystemExit(1)

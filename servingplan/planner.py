@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from servingplan import hardware, money
+from servingplan.hardware import HERE
 from servingplan.capacity import speed_band_models
 from servingplan.costmodel import CostModel
-from servingplan.config import HERE
 from servingplan.memory import GB, kv_blocks, memory_plan
 from servingplan.metrics import summarize
 from servingplan.searches import capstone_slo, traces

@@ -11,6 +11,7 @@ from servingplan.capacity import (Criterion, busy_floor, capacity_searches, int_
                                   speed_band_models, ttft_floor_s)
 from servingplan.memory import kv_blocks
 from servingplan.metrics import SLO, miss_limit, summarize
+from servingplan.seeds import figures_over_seeds
 from servingplan.sim import policies
 from servingplan.sim.fleet import ROUTERS, simulate_fleet
 from servingplan.workload import generate
@@ -67,15 +68,13 @@ def _targets_hold(run, rates, slo, verdict_only: bool = False) -> tuple[bool, di
         runs, settled_failing = run(rate, verdict_only)
         if verdict_only and settled_failing:
             return False, detail
-        # seeds.over_seeds' figures of the one column, without a frame: undefined when a seed is unstable or
-        # has no percentile, else the mean (numpy's sum over the count, as pandas' mean) and the range
-        per_seed = [summary[pct] for summary in runs]
-        defined = all(summary["stable"] for summary in runs) and None not in per_seed
-        values = np.array(per_seed, dtype=float) if defined else None
-        detail[label] = {"rate": rate, "stable": defined,
-                         "ttft_ms_mean": float(values.sum() / len(values)) if defined else None,
-                         "ttft_ms_range": [float(values.min()), float(values.max())] if defined else None}
-        if verdict_only and not (defined and detail[label]["ttft_ms_range"][1] <= slo["ttft_ms"]):
+        # undefined when a seed is unstable or has no percentile
+        figures = figures_over_seeds([summary[pct] for summary in runs],
+                                     all(summary["stable"] for summary in runs), spread=True)
+        detail[label] = {"rate": rate, "stable": figures is not None,
+                         "ttft_ms_mean": figures["mean"] if figures else None,
+                         "ttft_ms_range": [figures["min"], figures["max"]] if figures else None}
+        if verdict_only and not (figures and figures["max"] <= slo["ttft_ms"]):
             return False, detail
     ok = all(d["stable"] and d["ttft_ms_range"][1] <= slo["ttft_ms"] for d in detail.values())
     return ok, {label: detail[label] for label in rates}

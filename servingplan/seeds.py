@@ -8,7 +8,6 @@ undefined in any seed (an infinite percentile) is undefined for the configuratio
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 # Column prefixes that have no value when a configuration is unstable.
 UNDEFINED_WHEN_UNSTABLE = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "goodput", "attainment", "slo_holds",
@@ -20,10 +19,27 @@ def undefined_when_unstable(column: str) -> bool:
     return column.startswith(UNDEFINED_WHEN_UNSTABLE)
 
 
+def figures_over_seeds(values, defined: bool = True, spread: bool = False) -> dict | None:
+    """One column's figures over seeds, as over_seeds gives each numeric column: None when the
+    configuration's figure is undefined (`defined` False: an unstable configuration's latency, goodput
+    and the like) or any seed's value is missing (None or NaN); else the mean (the sum over the count,
+    as pandas' mean) and, with `spread`, the min, max and sample std (None for one seed). numpy only,
+    so the capacity and fleet jobs, which read one column without a frame, import no pandas."""
+    array = np.array([np.nan if value is None else value for value in values], dtype=float)
+    if not defined or array.size == 0 or np.isnan(array).any():
+        return None
+    figures = {"mean": float(array.sum() / array.size)}
+    if spread:
+        figures.update(min=float(array.min()), max=float(array.max()),
+                       std=float(array.std(ddof=1)) if array.size > 1 else None)
+    return figures
+
+
 def over_seeds(frame: pd.DataFrame, by: list[str], spread: bool = False) -> pd.DataFrame:
     """One row per group of `by`: `stable` (every seed), `seeds` (how many), and each numeric column's
     mean under its own name; with `spread`, also `{column}_min`, `_max` and `_std` (sample) over seeds.
     Columns that are neither numeric nor in `by` keep their value when every seed agrees on it."""
+    import pandas as pd   # here: the capacity and fleet jobs import this module for figures_over_seeds alone
     rows = []
     for key, group in frame.groupby(by, sort=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
@@ -43,18 +59,18 @@ def over_seeds(frame: pd.DataFrame, by: list[str], spread: bool = False) -> pd.D
                 if values.nunique(dropna=False) == 1:
                     row[column] = values.iloc[0]
                 continue
-            undefined = numeric.isna().any() or (not stable and undefined_when_unstable(column))
-            row[column] = np.nan if undefined else float(numeric.mean())
+            figures = figures_over_seeds(numeric.to_numpy(dtype=float), stable or not undefined_when_unstable(column),
+                                         spread)
+            row[column] = np.nan if figures is None else figures["mean"]
             if spread:
-                row[f"{column}_min"] = np.nan if undefined else float(numeric.min())
-                row[f"{column}_max"] = np.nan if undefined else float(numeric.max())
-                row[f"{column}_std"] = (float(numeric.std(ddof=1)) if not undefined and len(numeric) > 1
-                                        else np.nan)
+                for name in SPREAD:
+                    row[f"{column}_{name}"] = np.nan if figures is None or figures[name] is None else figures[name]
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def seed_spread(values) -> list[float] | None:
     """[min, max] of defined per-seed values, None when any is undefined."""
-    v = pd.to_numeric(pd.Series(values), errors="coerce")
-    return None if v.isna().any() or v.empty else [float(v.min()), float(v.max())]
+    import pandas as pd
+    figures = figures_over_seeds(pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float), spread=True)
+    return None if figures is None else [figures["min"], figures["max"]]

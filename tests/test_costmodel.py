@@ -55,6 +55,25 @@ def test_json_round_trip(tmp_path):
     assert json.loads(path.read_text())["schema_version"] == costmodel.SCHEMA_VERSION
 
 
+def test_a_model_the_pipeline_wrote_is_read_back_without_importing_jsonschema(tmp_path):
+    """read_written (every simulation job's reader) gives the same model as load, runs the value checks
+    and leaves the schema pass, and jsonschema, to the reader of a user's file."""
+    import subprocess
+    import sys
+    path = tmp_path / "cost.json"
+    EXERCISE2.save(path)
+    assert costmodel.read_written(path) == costmodel.load(path) == EXERCISE2
+    probe = ("import sys; from servingplan.costmodel import read_written; model = read_written(sys.argv[1]); "
+             "print(model.name, 'jsonschema' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [EXERCISE2.name, "False"]
+    document = json.loads(path.read_text())
+    document["decode"]["fixed_s"] = -1.0
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="decode.fixed_s"):
+        costmodel.read_written(path)
+
+
 def test_load_refuses_unknown_specs(tmp_path):
     with pytest.raises(ValueError, match="not a preset"):
         costmodel.load("a100")
