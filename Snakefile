@@ -9,6 +9,7 @@
 import os
 import sys
 
+from servingplan.config import LLAMACPP, engine
 from servingplan.run_record import creates_report_only, report_refusal
 
 configfile: os.path.join(workflow.basedir, "config.yaml")
@@ -26,6 +27,8 @@ include: "rules/validate.smk"
 if carry_over_check_skipped(config) is None:
     include: "rules/check.smk"
 include: "rules/report.smk"
+if engine(config) == LLAMACPP:
+    include: "rules/llamacpp.smk"
 
 # `snakemake --report` describes the run in results/ under this config: refuse any other config than
 # the run's (servingplan/run_record.py), rather than file its outputs under the wrong settings
@@ -40,4 +43,6 @@ rule all:
     input:
         "results/report/report.html",
         "results/report/report.md",
+        # llama.cpp's validation, until the report compares the engines
+        *(["results/llamacpp/validation/validation.json"] if engine(config) == LLAMACPP else []),
     default_target: True
