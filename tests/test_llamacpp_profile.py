@@ -124,3 +124,28 @@ def test_a_tool_that_fails_is_one_clear_line(tmp_path):
                                          r"error: unable to load model$"):
         run_bench(PREFILL, {"threads": 1, "n_batch": 256, "n_ubatch": 128, "warmup": 1, "repeats": 1},
                   tmp_path / "m.gguf", fake)
+
+
+@pytest.mark.parametrize("lost_runs, ok", [(2, True), (3, False)])
+def test_a_run_whose_rows_the_tools_logger_lost_is_run_again_at_most_three_times(tmp_path, lost_runs, ok):
+    """llama.cpp's asynchronous logger can lose the tool's last lines at exit: such a run is run again."""
+    from servingplan.llamacpp.profile import BENCH_ATTEMPTS, MissingRows, run_bench
+    assert BENCH_ATTEMPTS == 3
+    runs = tmp_path / "runs"
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        from pathlib import Path
+        runs = Path({str(runs)!r})
+        runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+        if len(runs.read_text()) > {lost_runs}:
+            print({ROW.format(pps=0, pp=128, tg=1, pl=1, n_kv=129, t_pp=0.25, t_tg=0.02)!r})
+        """))
+    fake.chmod(0o755)
+    settings = {"threads": 1, "n_batch": 256, "n_ubatch": 128, "warmup": 0, "repeats": 1}
+    if ok:
+        assert run_bench(PREFILL, settings, tmp_path / "m.gguf", fake) == [0.25]
+    else:
+        with pytest.raises(MissingRows, match="0 result rows, expected 1"):
+            run_bench(PREFILL, settings, tmp_path / "m.gguf", fake)
+    assert len(runs.read_text()) == min(lost_runs + 1, BENCH_ATTEMPTS)

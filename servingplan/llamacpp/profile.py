@@ -63,12 +63,18 @@ MEASURED_KINDS = ("prefill", "decode")
 CTX_MODE = "sum"
 # a tool run that takes longer than this is stuck (the largest default point takes a few seconds)
 BENCH_TIMEOUT_S = 600.0
+# runs of one measurement whose output lost rows (see run_bench) before the measurement fails
+BENCH_ATTEMPTS = 3
 # KV cells llama.cpp pads its cache to; the context given to a run leaves room for it
 KV_PAD = 256
 
 
 class BenchError(ValueError):
     """llama-batched-bench failed or printed what it should not: one line saying which run and why."""
+
+
+class MissingRows(BenchError):
+    """The tool's output lacks result rows (see run_bench)."""
 
 
 def bench_command(point: GridPoint, calls: int, settings: dict, gguf: Path, binary: Path) -> list[str]:
@@ -107,7 +113,7 @@ def parse_bench_output(text: str, point: GridPoint, rows_expected: int) -> list[
                 raise BenchError(f"{where}: output line {number}: {key} = {value!r}, must be a finite number")
         rows.append(row)
     if len(rows) != rows_expected:
-        raise BenchError(f"{where}: {len(rows)} result rows, expected {rows_expected}")
+        raise MissingRows(f"{where}: {len(rows)} result rows, expected {rows_expected}")
     want_pp = point.prompt_len if point.kind == "prefill" else point.cached
     want_pl = 1 if point.kind == "prefill" else point.batch
     for row in rows:
@@ -129,21 +135,28 @@ def call_seconds(rows: list[dict], point: GridPoint, warmup: int) -> list[float]
 
 
 def run_bench(point: GridPoint, settings: dict, gguf: Path, binary: Path) -> list[float]:
-    """Run the tool once for `point` and return the seconds of its timed calls."""
+    """Run the tool for `point` and return the seconds of its timed calls. A run that exits cleanly with
+    rows missing is run again, at most BENCH_ATTEMPTS times: the tool prints through llama.cpp's
+    asynchronous logger, which can lose its last lines when the process exits before the logger's thread
+    wrote them (common/log.cpp, common_log_main; llama.cpp issue 22142), more often on a busy machine."""
     warmup, repeats = int(settings["warmup"]), int(settings["repeats"])
     calls = warmup + repeats
     command = bench_command(point, calls, settings, gguf, binary)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, env=build.env(), timeout=BENCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"llama-batched-bench at {point.kind} B={point.batch} L={point.prompt_len} "
-                         f"cached={point.cached}: no result within {BENCH_TIMEOUT_S:g} s") from None
-    if done.returncode != 0:
-        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
-        raise BenchError(f"llama-batched-bench exited with {done.returncode} at {point.kind} B={point.batch} "
-                         f"L={point.prompt_len} cached={point.cached}: {last.strip()}")
-    rows = parse_bench_output(done.stdout, point, repeats + warmup if point.kind == "prefill" else 1)
-    return call_seconds(rows, point, warmup)
+    where = f"{point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}"
+    rows_expected = calls if point.kind == "prefill" else 1
+    for attempt in range(1, BENCH_ATTEMPTS + 1):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=build.env(), timeout=BENCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"llama-batched-bench at {where}: no result within {BENCH_TIMEOUT_S:g} s") from None
+        if done.returncode != 0:
+            last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
+            raise BenchError(f"llama-batched-bench exited with {done.returncode} at {where}: {last.strip()}")
+        try:
+            return call_seconds(parse_bench_output(done.stdout, point, rows_expected), point, warmup)
+        except MissingRows:
+            if attempt == BENCH_ATTEMPTS:
+                raise
 
 
 class BenchTracer(SpeedTracer):

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servingplan.llamacpp.server_log import read_steps
+from servingplan.llamacpp.server_log import check_rule, read_steps
 from servingplan.pipeline import terminal
 from servingplan.serving.replay import compare
 from servingplan.sim.simulator import SimResult
@@ -88,7 +88,8 @@ def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_c
                          extra_args=FLOAT32_KV + STEP_LOG_ARGS) as server:
             results = run_trace(server.url, trace.arrival_s, prompts, [int(n) for n in trace.output_tokens],
                                 timeout_s=float(validation["max_wall_s"]))
-        steps, check = read_steps(log_file.read_text(errors="replace"), run["n_batch"])
+        steps = read_steps(log_file.read_text(errors="replace"))
+        check = check_rule(steps)
         failed = [r for r in results if not r.ok]
         if failed:
             say(f"run {number}: {len(failed)} of {len(results)} requests failed ({failed[0].error})")
@@ -102,7 +103,7 @@ def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_c
                           "tokens": r.output_tokens, "error": r.error} for r in results],
             "steps": [{"start_s": s.start_s, "duration_s": s.duration_s, "decodes": [list(d) for d in s.decodes],
                        "prefills": [list(p) for p in s.prefills]} for s in steps],
-            "step_log_check": check,
+            "batch_rule": check,
         })
     return {"settings": {"policy": POLICY, "max_num_seqs": cap, "threads": threads,
                          "ctx": server_context(validation, memory), "n_ubatch": int(llamacpp_cfg["n_ubatch"])},
@@ -179,7 +180,7 @@ def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict
         tables.append(compare(measured, simulated).assign(**label))
         steps.append(step_table(run, cost))
         runs.append({**label, "requests": len(trace), "finished": int(measured.finished.sum()),
-                     "simulated_stable": bool(simulated.stable), "step_log_check": run["step_log_check"],
+                     "simulated_stable": bool(simulated.stable), "batch_rule": run["batch_rule"],
                      "split_prompts": int(sum(1 for s in run["steps"] for _, _, cached in s["prefills"] if cached))})
     comparison = pd.concat(tables, ignore_index=True)
     comparison["agrees"] = agreement(comparison, validation["goal_pct"])
