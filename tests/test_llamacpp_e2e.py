@@ -92,7 +92,8 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
 
     workload = {"num_requests": 10, "rate": 1.0, "prompt": {"dist": "uniform", "min": 16, "max": 60},
                 "output": {"dist": "uniform", "min": 3, "max": 6}}
-    validation = {"rates_fraction": [0.5], "trace_seconds": 1.0, "min_requests": 5, "cap": 2, "max_wall_s": 120,
+    # the tiny model serves hundreds of requests a second: a short trace, never fewer than min_requests
+    validation = {"rates_fraction": [0.5], "trace_seconds": 0.02, "min_requests": 6, "cap": 2, "max_wall_s": 120,
                   "goal_pct": 10}
     replayed = run_llamacpp_replay(tiny_gguf, cost, workload, validation, engine, {"max_context": 128}, 0,
                                    tmp_path / "logs", tiny=True)

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 
 # "MM.SS.mmm.uuu " (--log-timestamps), then the level letter
 TIMESTAMP = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) (?:[A-Z] )?(.*)$")
+# where a stamped line starts: a line the server printed without its newline (its chat parser's notice) runs
+# into the next one
+LINE_START = re.compile(r"(?=(?<!\d)\d+\.\d{2}\.\d{3}\.\d{3} [A-Z] )")
 SLOT_LINE = re.compile(r"^slot\s+\S+: id\s+(\d+) \| task (-?\d+) \| (.*)$")
 NEW_PROMPT = re.compile(r"^new prompt, .*task\.n_tokens = (\d+)")
 CHUNK = re.compile(r"^cached n_tokens = (\d+), memory_seq_rm")
@@ -64,7 +67,8 @@ def read_steps(text: str) -> list[Step]:
     decodes, chunks = [], []                 # what the next decode call carries
     prompt_tokens: dict[int, int] = {}       # task -> its prompt's tokens
     starts: list[tuple] = []                 # (step index, slot, task, cached) of every chunk
-    for number, line in enumerate(text.splitlines(), 1):
+    lines = (part for line in text.splitlines() for part in LINE_START.split(line) if part)
+    for number, line in enumerate(lines, 1):
         stamped = TIMESTAMP.match(line)
         if not stamped:
             continue
@@ -82,7 +86,7 @@ def read_steps(text: str) -> list[Step]:
         call = DECODE_CALL.match(body)
         if call:
             if int(call.group(2)) != 0:
-                raise ServerLogError(f"server log line {number}: a batch decoded in parts (off = {call.group(2)}): "
+                raise ServerLogError(f"server log entry {number}: a batch decoded in parts (off = {call.group(2)}): "
                                      "the KV cache ran out of room")
             starts += [(len(steps), slot, task, cached) for slot, task, cached in chunks]
             steps.append(Step(t_s, int(call.group(1)), decodes=decodes))
