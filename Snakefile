@@ -9,7 +9,6 @@
 import os
 import sys
 
-from servingplan.config import LLAMACPP, engine
 from servingplan.run_record import creates_report_only, report_refusal
 
 configfile: os.path.join(workflow.basedir, "config.yaml")
@@ -43,6 +42,4 @@ rule all:
     input:
         "results/report/report.html",
         "results/report/report.md",
-        # llama.cpp's validation, until the report compares the engines
-        *(["results/llamacpp/validation/validation.json"] if engine(config) == LLAMACPP else []),
     default_target: True

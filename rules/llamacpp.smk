@@ -141,3 +141,31 @@ rule llamacpp_validate:
         "results/logs/llamacpp_validate.log",
     script:
         "../scripts/llamacpp_validate.py"
+
+
+# The engines compared on the same workload and targets, for the report (servingplan/llamacpp/compare.py)
+rule engine_comparison:
+    input:
+        torch_costmodel=COSTMODEL,
+        torch_validation=rules.validate.output.meta,
+        llamacpp_costmodel=rules.llamacpp_fit.output.costmodel,
+        llamacpp_validation=rules.llamacpp_validate.output.meta,
+        trace=TRACE_FILE,
+        code=SIM_SOURCES + sources("llamacpp/compare.py"),
+    output:
+        f"{LLAMACPP_DIR}/engines.json",
+    params:
+        workload=config_keys(config["workload"]),
+        slo=config_keys(config["slo"], keep=("ttft_ms", "ttft_percentile", "tpot_ms")),
+        validation=config_keys(config["validation"], keep=("cap", "policy")),
+        sweep=config_keys(config["sweep"], keep=("chunk_size", "chunk_budget", "horizon_factor")),
+        llamacpp=config_keys(config["llamacpp"], keep=("n_batch",)),
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "results/logs/engine_comparison.log",
+    script:
+        "../scripts/engine_comparison.py"
