@@ -157,7 +157,7 @@ rule engine_comparison:
     params:
         workload=config_keys(config["workload"]),
         slo=config_keys(config["slo"], keep=("ttft_ms", "ttft_percentile", "tpot_ms")),
-        validation=config_keys(config["validation"], keep=("cap", "policy")),
+        validation=config_keys(config["validation"], keep=("cap", "policy", "rates_fraction")),
         sweep=config_keys(config["sweep"], keep=("chunk_size", "chunk_budget", "horizon_factor")),
         llamacpp=config_keys(config["llamacpp"], keep=("n_batch",)),
         seed=config["seed"],

@@ -8,15 +8,18 @@
   cap (every sequence at the workload's mean context halfway through a reply), and a prefill of 128, 256
   and 512 tokens and of the workload's mean prompt; the ratio llama.cpp / torch of each (below one:
   llama.cpp is faster at that call).
-- serving: the capstone workload at today's rate (workload.rate), simulated on each engine's cost model
-  with its own scheduler at the validated cap (torch: validation.policy; llama.cpp: the `llamacpp` policy
+- serving: the workload at the load both engines were validated at: the highest of validation.rates_fraction
+  up to JUDGED_LOAD (the loads the validation goal is judged at) times the slower engine's service rate
+  (validation_replay.service_rate_rps, each engine's cost model at the cap; today's rate, workload.rate,
+  may be beyond both, and a run that does not keep up has no latency to compare), simulated on each
+  engine's cost model with its own scheduler at the validated cap (torch: validation.policy; llama.cpp: the `llamacpp` policy
   with llamacpp.n_batch), over the same seeds: the SLO's TTFT percentile and mean TPOT (the mean over seeds),
   whether the TTFT meets slo.ttft_ms and the mean TPOT slo.tpot_ms, and whether the run kept up.
 - validation: each engine's worst gap on p90 TTFT and mean TPOT between its simulator and its real server
   (torch: its cost model as fitted, the same figure the validation section leads with), and whether every
   figure met the validation goal.
 - choice: the engine to serve with here: the one meeting more of the two targets in simulation; on a tie,
-  the one with the lower simulated p90 TTFT; `because` names what decides it (its prefill or its decode
+  the one that kept up, then the one with the lower simulated TTFT; `because` names what decides it (its prefill or its decode
   being faster, from the calls), and `trust` whether that engine's own validation met its goal.
 """
 from __future__ import annotations
@@ -29,6 +32,8 @@ from servingplan.sim.policies import chunk_budget
 from servingplan.workload import generate
 
 ENGINES = ("torch", "llamacpp")
+# the highest load (x the service rate) the validation goal is judged at (servingplan.validation.headline)
+JUDGED_LOAD = 0.85
 PREFILL_LENGTHS = (128, 256, 512)
 # the draws of today's workload each engine is simulated on
 SEEDS = 3
@@ -92,10 +97,18 @@ def llama_gaps(meta: dict) -> dict:
 
 def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_validation: dict, workload: dict,
                       slo: dict, validation: dict, sweep: dict, llamacpp: dict, seed: int) -> dict:
+    today = workload["rate"]
+    from servingplan.validation_replay import service_rate_rps   # imports torch: only this job's import pays it
     cap = int(validation["cap"])
     prompt, context = mean_shapes(workload, seed)
     costs = {"torch": torch_cost, "llamacpp": llama_cost}
     call_rows = calls(costs, cap, prompt, context)
+    draws = [generate(workload, seed + i) for i in range(SEEDS)]
+    service = {name: service_rate_rps(cost, draws, cap) for name, cost in costs.items()}
+    judged = [f for f in validation["rates_fraction"] if f <= JUDGED_LOAD + 1e-9]
+    load = max(judged) if judged else JUDGED_LOAD
+    rate = load * min(service.values())
+    workload = {**workload, "rate": rate}
     served = {"torch": serving(torch_cost, validation["policy"], cap, sweep["chunk_size"], workload, slo, sweep, seed,
                                chunk_budget(sweep)),
               "llamacpp": serving(llama_cost, "llamacpp", cap, int(llamacpp["n_batch"]), workload, slo, sweep, seed,
@@ -105,7 +118,7 @@ def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_vali
     def score(name):
         run = served[name]
         ttft = run["ttft_ms"] if run["ttft_ms"] is not None else float("inf")
-        return (-(run["meets_ttft"] + run["meets_tpot"]), ttft)
+        return (-(run["meets_ttft"] + run["meets_tpot"]), -run["kept_up"], ttft)
 
     chosen = min(ENGINES, key=score)
     other = next(name for name in ENGINES if name != chosen)
@@ -115,7 +128,8 @@ def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_vali
     faster_prefill = "llamacpp" if mean_prefill["llamacpp_over_torch"] < 1 else "torch"
     because = ("both" if faster_decode == faster_prefill == chosen else
                "prefill" if faster_prefill == chosen else "decode" if faster_decode == chosen else "neither")
-    return {"cap": cap, "rate": float(workload["rate"]), "mean_prompt_tokens": prompt, "mean_context_tokens": context,
+    return {"cap": cap, "rate": rate, "load_fraction": load, "service_rate_rps": service,
+            "todays_rate": float(today), "mean_prompt_tokens": prompt, "mean_context_tokens": context,
             "slo": {"ttft_ms": slo["ttft_ms"], "ttft_percentile": slo["ttft_percentile"], "tpot_ms": slo["tpot_ms"]},
             "calls": call_rows, "serving": served, "validation": gaps,
             "choice": {"engine": chosen, "other": other, "because": because, "faster_decode": faster_decode,
