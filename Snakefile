@@ -26,6 +26,8 @@ include: "rules/validate.smk"
 if carry_over_check_skipped(config) is None:
     include: "rules/check.smk"
 include: "rules/report.smk"
+if engine(config) == LLAMACPP:
+    include: "rules/llamacpp.smk"
 
 # `snakemake --report` describes the run in results/ under this config: refuse any other config than
 # the run's (servingplan/run_record.py), rather than file its outputs under the wrong settings

@@ -432,12 +432,54 @@ def config_probes_since_19(tmp: Path):
         ("capacity.rate_min = 1e-300", at(("capacity", "rate_min"), 1e-300), False, "capacity.rate_min"),
         ("exercise2.rate = 1e-09", at(("exercise2", "rate"), 1e-09), False, "exercise2.rate"),
     ]
+    probes += llamacpp_probes(at)
     # the cost model's meta keys the pipeline reads, through costmodel.source (no hardware: a file has no probes)
     for name, text, ok, *say in cost_documents_since_19():
         path = tmp / f"meta_{len(probes)}.json"
         path.write_text(text)
         probes.append((f"costmodel.source: {name}", {**copy.deepcopy(BASE), "costmodel": {"source": str(path)},
                                                      "hardware": []}, ok, *say))
+    return probes
+
+
+LLAMACPP_OVERLAY = yaml.safe_load((ROOT / "config" / "llamacpp.yaml").read_text())
+
+
+def llamacpp_probes(at):
+    """`engine` and the `llamacpp:` section (issue 22): every key's good and bad values on
+    config/llamacpp.yaml, and each cross-field refusal, naming its key."""
+    llama = {**copy.deepcopy(BASE), **copy.deepcopy(LLAMACPP_OVERLAY)}
+    probes = [("config/llamacpp.yaml", llama, True),
+              ("engine = 'torch' (the default)", at(("engine",), "torch"), True)]
+    probes += [(f"engine = {v!r:.30}", at(("engine",), v), False, "engine")
+               for v in ("llama.cpp", "LLAMACPP", "", None, 3, True, ["llamacpp"], {})]
+    good = {"threads": (0, 1, os.cpu_count()), "n_batch": (512, 2048, 65536), "n_ubatch": (1, 64, 512),
+            "split_n_batch": (9, 128, 511)}
+    for key, values in good.items():
+        probes += [(f"llamacpp.{key} = {v!r}", at(("llamacpp", key), v, llama), True) for v in values]
+        probes += [(f"llamacpp.{key} = {v!r:.30}", at(("llamacpp", key), v, llama), False, f"llamacpp.{key}")
+                   for v in (math.nan, math.inf, -math.inf, -1, 2.5, 128.0, 10**12, "128", True, None, [128], {})]
+    probes += [
+        ("llamacpp.n_batch = 0", at(("llamacpp", "n_batch"), 0, llama), False, "llamacpp.n_batch"),
+        ("llamacpp.threads above the machine's cores", at(("llamacpp", "threads"), (os.cpu_count() or 1) + 1, llama),
+         False, "llamacpp.threads"),
+        ("llamacpp.n_ubatch above n_batch", at(("llamacpp", "n_ubatch"), 4096, llama), False, "llamacpp.n_ubatch"),
+        ("llamacpp.n_batch below the longest profiled prompt", at(("llamacpp", "n_batch"), 256,
+                                                                  at(("llamacpp", "n_ubatch"), 256, llama)),
+         False, "llamacpp.n_batch"),
+        ("llamacpp.split_n_batch at the validation cap", at(("llamacpp", "split_n_batch"), 8, llama), False,
+         "llamacpp.split_n_batch"),
+        ("llamacpp.split_n_batch at the longest prompt", at(("llamacpp", "split_n_batch"), 512, llama), False,
+         "llamacpp.split_n_batch"),
+        ("engine llamacpp without its section", at(("engine",), "llamacpp"), False, "llamacpp"),
+        ("a llamacpp section without engine llamacpp", {**copy.deepcopy(BASE), "llamacpp": LLAMACPP_OVERLAY["llamacpp"]},
+         False, "llamacpp"),
+        ("engine llamacpp with a checkpoint", at(("model", "source"), "no/such/dir", llama), False, "model.source"),
+        ("engine llamacpp on cuda", at(("model", "device"), "cuda", llama), False, "model.device"),
+        ("llamacpp misspelled n_batchs", at(("llamacpp", "n_batchs"), 2048, llama), False, "n_batchs"),
+        ("llamacpp without n_ubatch", {**llama, "llamacpp": {k: v for k, v in llama["llamacpp"].items()
+                                                             if k != "n_ubatch"}}, False, "llamacpp.n_ubatch"),
+    ]
     return probes
 
 

@@ -3,8 +3,8 @@ import hashlib
 import json
 import os
 
-from servingplan.config import (HERE, PROFILE_SOURCE, carry_over_check_skipped, check_or_exit, costmodel_source,
-                                simulation_seeds)
+from servingplan.config import (HERE, LLAMACPP, PROFILE_SOURCE, carry_over_check_skipped, check_or_exit,
+                                costmodel_source, engine, simulation_seeds)
 from servingplan.pipeline import canonical, config_keys
 from servingplan.profiling.machine import fingerprint, resolve_threads
 from servingplan.report import names as display_names

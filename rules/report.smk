@@ -15,6 +15,9 @@ MEASURED_INPUTS = dict(
 # how far the targets' estimates can be trusted, when the run measures it (rules/check.smk)
 if carry_over_check_skipped(config) is None:
     MEASURED_INPUTS["carry_over_check"] = rules.carry_over_check.output[0]
+# the engines compared, when llama.cpp runs too (rules/llamacpp.smk, included after this file)
+if engine(config) == LLAMACPP:
+    MEASURED_INPUTS["engines"] = "results/llamacpp/engines.json"
 
 
 # The comparisons the report states about the simulations, decided by the planner (servingplan/findings.py)

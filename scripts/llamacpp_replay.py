@@ -8,8 +8,7 @@ The trace is servingplan.workload's (the capstone's prompt and output distributi
 --output-* are given), at `--rate` requests/s. Prompts are random token ids (--vocab). The JSON holds the
 settings, one row per request (arrival, sent, token times, error) and the client's summary (TTFT, TPOT,
 ITL, E2E in ms); with --costmodel also the simulator's summary of the same trace. `--server-log` keeps
-llama-server's log at `-lv 5` (debug: its per-batch lines are LOG_DBG; `-lv 3`, info, has only the
-per-slot prompt-progress and stop lines).
+llama-server's log at `-lv 5 --log-timestamps`, which servingplan.llamacpp.server_log reads into steps.
 """
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from servingplan import workload  # noqa: E402
 from servingplan.llamacpp.client import random_prompts, run_trace, summarize  # noqa: E402
-from servingplan.llamacpp.server import LlamaServer  # noqa: E402
+from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer  # noqa: E402
 
 
 def make_trace(args):
@@ -75,7 +74,8 @@ def main(argv=None) -> dict:
     else:
         with LlamaServer(args.model, threads=args.threads, n_parallel=args.np, ctx=args.ctx, n_batch=args.n_batch,
                          n_ubatch=args.n_ubatch, verbosity=5 if args.server_log else None,
-                         log_file=args.server_log) as server:
+                         log_file=args.server_log,
+                         extra_args=FLOAT32_KV + (STEP_LOG_ARGS if args.server_log else ())) as server:
             results = run_trace(server.url, trace.arrival_s, prompts, outputs, timeout_s=args.timeout)
     out = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -5,6 +5,7 @@ A bad value gives one line naming the key, the value and what is allowed, and ex
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -230,9 +231,64 @@ def check(config: dict) -> list[str]:
     if "trace" not in config["workload"]:
         _check_replay_rates(config, config["workload"]["num_requests"])
     _check_costmodel(config.get("costmodel"))
+    # before the device check: llama.cpp's CPU build refuses cuda on every machine, GPU or not
+    _check_llamacpp(config)
     _check_device(config["model"].get("device", "cpu"))
     _check_hardware(config.get("hardware", []), costmodel_source(config))
     return warnings
+
+
+LLAMACPP = "llamacpp"
+
+
+def engine(config: dict) -> str:
+    """`torch` (the project's engine alone) or `llamacpp` (llama.cpp profiled, fitted and validated too)."""
+    return config.get("engine", "torch")
+
+
+def _check_llamacpp(config: dict) -> None:
+    """llama.cpp runs the seeded random GPT-2 converted to GGUF on this machine's CPU, beside a profiled torch
+    run it is compared with; its batch sizes must let the profile time whole prompts and let every step of
+    the validation carry prompt tokens beside a full set of decodes."""
+    section = config.get(LLAMACPP)
+    if engine(config) != LLAMACPP:
+        if section is not None:
+            raise ConfigError(f"config error: llamacpp = {{...}}: read only with engine: llamacpp (here "
+                              f"{engine(config)!r}); set engine: llamacpp or remove the section")
+        return
+    if section is None:
+        raise ConfigError("config error: llamacpp is missing (required with engine: llamacpp)")
+    if costmodel_source(config) != PROFILE_SOURCE:
+        raise ConfigError(f"config error: engine = 'llamacpp' with costmodel.source = {costmodel_source(config)!r}: "
+                          "llama.cpp is profiled and validated on this machine, beside this machine's own profile; "
+                          "use costmodel.source 'profile'")
+    if config["model"]["source"] != "random":
+        raise ConfigError(f"config error: engine = 'llamacpp' with model.source = {config['model']['source']!r}: "
+                          "the GGUF is converted from the seeded random GPT-2; use model.source 'random'")
+    if config["model"].get("device", "cpu") != "cpu":
+        raise ConfigError(f"config error: engine = 'llamacpp' with model.device = {config['model']['device']!r}: "
+                          "the pinned llama.cpp build runs on the CPU; use 'cpu'")
+    if section["n_ubatch"] > section["n_batch"]:
+        raise ConfigError(f"config error: llamacpp.n_ubatch = {section['n_ubatch']}: must be <= llamacpp.n_batch "
+                          f"({section['n_batch']}), the batch it cuts into micro-batches")
+    longest_profiled = max(config["profile"]["prefill_lengths"] + [config["profile"]["reference_prefill"]])
+    if section["n_batch"] < longest_profiled:
+        raise ConfigError(f"config error: llamacpp.n_batch = {section['n_batch']}: must be >= the longest profiled "
+                          f"prompt ({longest_profiled}, profile.prefill_lengths), so each profiled prefill is one "
+                          "llama_decode")
+    cap = config["validation"]["cap"]
+    longest_prompt = _longest(config["workload"]["prompt"])
+    if not cap < section["split_n_batch"] < longest_prompt:
+        raise ConfigError(f"config error: llamacpp.split_n_batch = {section['split_n_batch']}: must exceed "
+                          f"validation.cap ({cap}), so a step of a full set of decodes still carries prompt tokens, "
+                          f"and be below the longest prompt ({longest_prompt}), so it splits prompts")
+    if section["n_batch"] <= cap:
+        raise ConfigError(f"config error: llamacpp.n_batch = {section['n_batch']}: must exceed validation.cap "
+                          f"({cap}), so a step of a full set of decodes still carries prompt tokens")
+    threads = section["threads"]
+    if threads > (os.cpu_count() or 1):
+        raise ConfigError(f"config error: llamacpp.threads = {threads}: must be at most this machine's "
+                          f"{os.cpu_count()} cores (0 = all of them): llama.cpp's threads spin while they wait")
 
 
 def _check_hardware(targets: list[dict], costmodel: str) -> None:

@@ -185,3 +185,44 @@ def test_the_cli_check_prints_warnings_and_passes(tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout == "config ok\n"
     assert proc.stderr.startswith("config warning: workload.trace.path =") and len(proc.stderr.splitlines()) == 1
+
+
+# engine: llamacpp and its section (config/llamacpp.yaml): every key's bounds and each cross-field rule
+LLAMACPP = {**copy.deepcopy(BASE), **yaml.safe_load((ROOT / "config" / "llamacpp.yaml").read_text())}
+
+
+def llamacpp_with(change):
+    config = copy.deepcopy(LLAMACPP)
+    change(config)
+    return config
+
+
+def test_the_llamacpp_overlay_is_valid():
+    assert check(copy.deepcopy(LLAMACPP)) == []
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda c: c.__setitem__("engine", "vllm"), "config error: engine = 'vllm': allowed: torch, llamacpp"),
+    (lambda c: c["llamacpp"].__setitem__("threads", -1), "config error: llamacpp.threads = -1: must be >= 0"),
+    (lambda c: c["llamacpp"].__setitem__("threads", 1024), "config error: llamacpp.threads = 1024: must be at most"),
+    (lambda c: c["llamacpp"].__setitem__("n_batch", float("nan")), "config error: llamacpp.n_batch = nan: must be a finite"),
+    (lambda c: c["llamacpp"].__setitem__("n_batch", 2048.0), "config error: llamacpp.n_batch = 2048.0: must be of type integer"),
+    (lambda c: c["llamacpp"].__setitem__("n_ubatch", 0), "config error: llamacpp.n_ubatch = 0: must be >= 1"),
+    (lambda c: c["llamacpp"].__setitem__("n_ubatch", 4096), "config error: llamacpp.n_ubatch = 4096: must be <= llamacpp.n_batch"),
+    (lambda c: c["llamacpp"].update(n_batch=256, n_ubatch=256),
+     "config error: llamacpp.n_batch = 256: must be >= the longest profiled prompt (512"),
+    (lambda c: c["llamacpp"].__setitem__("split_n_batch", 70000), "config error: llamacpp.split_n_batch = 70000: must be <= 65536"),
+    (lambda c: c["llamacpp"].__setitem__("split_n_batch", 8), "config error: llamacpp.split_n_batch = 8: must exceed validation.cap (8)"),
+    (lambda c: c["llamacpp"].__setitem__("split_n_batch", 600), "config error: llamacpp.split_n_batch = 600: must exceed"),
+    (lambda c: c["llamacpp"].pop("split_n_batch"), "config error: llamacpp.split_n_batch is missing (required)"),
+    (lambda c: c["llamacpp"].__setitem__("nbatch", 1), "config error: llamacpp.nbatch is not a known key"),
+    (lambda c: c.pop("llamacpp"), "config error: llamacpp is missing (required with engine: llamacpp)"),
+    (lambda c: c.__setitem__("engine", "torch"), "config error: llamacpp = {...}: read only with engine: llamacpp"),
+    (lambda c: c["model"].__setitem__("device", "cuda"), "config error: engine = 'llamacpp' with model.device = 'cuda'"),
+    (lambda c: c["costmodel"].__setitem__("source", "config.yaml"), "config error: costmodel.source = 'config.yaml'"),
+])
+def test_llamacpp_settings_are_refused_in_one_line(change, expected):
+    with pytest.raises(ConfigError) as refused:
+        check(llamacpp_with(change))
+    assert str(refused.value).startswith(expected), str(refused.value)
+    assert len(str(refused.value).splitlines()) == 1

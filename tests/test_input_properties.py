@@ -845,3 +845,29 @@ def test_carry_over_check_is_refused_only_when_not_a_boolean_and_skipped_with_it
                     else "one thread" if resolve_threads(threads) < 2 else None)
         assert carry_over_check_skipped(config) == expected
     event("refused" if refused else "accepted")
+
+
+# -- engine llamacpp's section: each key in its bounds and the cross-field rules, else one line
+
+LLAMACPP_SECTION = CONFIG_SCHEMA["properties"]["llamacpp"]["properties"]
+LLAMACPP_OVERLAY = yaml.safe_load((ROOT / "config" / "llamacpp.yaml").read_text())
+
+
+@FAST
+@given(values=st.fixed_dictionaries({key: mostly(plausible(value), values_for(LLAMACPP_SECTION[key]), one_in=3)
+                                     for key, value in LLAMACPP_OVERLAY["llamacpp"].items()}))
+def test_llamacpp_settings_are_refused_in_one_line_exactly_when_out_of_their_bounds(values):
+    config = {**copy.deepcopy(QUICK), **copy.deepcopy(LLAMACPP_OVERLAY), "llamacpp": values}
+    with hang_guard():
+        refused = config_refused(config)
+
+    def integer(value, low, high):
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+    cap, profiled = QUICK["validation"]["cap"], max(QUICK["profile"]["prefill_lengths"])
+    n_batch = values["n_batch"]
+    valid = (integer(values["threads"], 0, os.cpu_count()) and integer(n_batch, max(profiled, cap + 1), 65536)
+             and integer(values["n_ubatch"], 1, n_batch)
+             and integer(values["split_n_batch"], cap + 1, QUICK["workload"]["prompt"]["max"] - 1))
+    assert (refused is None) == valid, (values, refused)
+    event("refused" if refused else "accepted")

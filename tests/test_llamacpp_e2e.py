@@ -70,3 +70,50 @@ def test_a_server_that_exits_while_starting_is_reported(tmp_path):
     fake.chmod(0o755)
     with pytest.raises(RuntimeError, match="exited with 3"):
         LlamaServer(tmp_path / "none.gguf", binary=fake, startup_timeout_s=10).start()
+
+
+def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_server(tiny_gguf, tmp_path):
+    """The whole llama.cpp chain on the tiny model: llama-batched-bench profile, the torch fit, a few Poisson
+    requests served by llama-server (and once more at a batch that splits prompts), the server's step log read
+    back, and the `llamacpp` policy's simulation compared with them. Asserts what was served and read, never
+    how fast."""
+    from servingplan.llamacpp.profile import run_llamacpp_profile
+    from servingplan.llamacpp.validation import run_llamacpp_comparison, run_llamacpp_replay
+    from servingplan.profiling.fit import fit_profile
+
+    grid = {"warmup": 1, "rounds": 2, "repeats": 2, "reference_interval_s": 1.0, "reference_decode": [2, 32],
+            "reference_prefill": 32, "prefill_lengths": [16, 32, 64], "prefill_batches": [1],
+            "decode_batches": [1, 2], "decode_contexts": [16, 64], "probe_bytes": 1 << 20, "gemm_size": 64}
+    engine = {"threads": 1, "n_batch": 128, "n_ubatch": 64, "split_n_batch": 24}
+    profile = run_llamacpp_profile(tiny_gguf, grid, engine, seed=0, tiny=True, progress=False)
+    assert len(profile.points) == 3 + 2 * 2 and (profile.points["median_s"] > 0).all()
+    cost = fit_profile(profile.points, profile.samples, profile.meta, 0.25, 0.05, 0).cost_model
+    assert cost.ctx_mode == "sum"
+
+    workload = {"num_requests": 10, "rate": 1.0, "prompt": {"dist": "uniform", "min": 16, "max": 60},
+                "output": {"dist": "uniform", "min": 3, "max": 6}}
+    # the tiny model serves hundreds of requests a second: a short trace, never fewer than min_requests
+    validation = {"rates_fraction": [0.5], "trace_seconds": 0.02, "min_requests": 6, "cap": 2, "max_wall_s": 120,
+                  "goal_pct": 10}
+    replayed = run_llamacpp_replay(tiny_gguf, cost, workload, validation, engine, {"max_context": 128}, 0,
+                                   tmp_path / "logs", tiny=True)
+    runs = replayed["runs"]
+    assert [run["n_batch"] for run in runs] == [128, 24]
+    for run in runs:
+        assert [r["error"] for r in run["requests"]] == [None] * len(run["requests"])
+        assert [r["tokens"] for r in run["requests"]] == run["trace"]["output_tokens"]
+        rule = run["batch_rule"]
+        # llama-server batched as the `llamacpp` policy simulates: within n_batch, a split prompt only in a full batch
+        assert rule["over_n_batch"] == rule["split_without_full_batch"] == 0 and rule["steps"] == len(run["steps"])
+        # every prompt token was logged into some step, each prompt once from its start
+        assert sum(tokens for step in run["steps"] for _, tokens, _ in step["prefills"]) == sum(run["trace"]["prompt_tokens"])
+    assert not any(cached for step in runs[0]["steps"] for _, _, cached in step["prefills"])
+    assert any(cached for step in runs[1]["steps"] for _, _, cached in step["prefills"])   # -b 24 splits prompts
+
+    out = run_llamacpp_comparison(replayed, cost, validation, {"block_size": 16}, {"horizon_factor": 20.0})
+    judged = out["meta"]["headline"]["rows"]
+    assert {(row["run"], row["metric"]) for row in judged} == {(run["name"], metric) for run in runs
+                                                               for metric in ("ttft", "tpot")}
+    assert all(row["measured_lo_ms"] <= row["measured_ms"] <= row["measured_hi_ms"] for row in judged)
+    assert len(out["steps"]) == sum(len(run["steps"]) for run in runs)
+    assert (out["steps"]["predicted_s"] > 0).all()

@@ -16,10 +16,14 @@ def need_sources():
 def test_the_synthetic_tokenizer_has_exactly_the_model_vocabulary():
     tok = synthetic_tokenizer(512)
     assert len(tok) == 512 and tok.eos_token_id == 511
-    text = "hello, world"
+    text = "hello,world!"
     assert tok.decode(tok.encode(text)) == text
+    # every token but the end-of-text one decodes to whole characters: llama-server never holds one back
+    assert all(tok.decode([i]).isascii() and tok.decode([i]).isprintable() for i in range(511))
+    big = synthetic_tokenizer(50257)
+    assert len(big) == 50257 and all(big.decode([i]).isascii() for i in range(0, 50256, 97))
     with pytest.raises(ValueError):
-        synthetic_tokenizer(100)
+        synthetic_tokenizer(60)
 
 
 def test_the_tiny_model_converts_to_a_gguf_llama_cpp_reads(tmp_path):

@@ -795,3 +795,66 @@ def test_the_validation_section_explains_each_correction_applied_and_refused(rep
     assert [outcome for _, outcome in rows].count("refused: the engine's steps say the opposite") == \
         len(found["corrections_refused"])
     assert all(outcome.startswith("applied: the model's steps × 1.07") for _, outcome in rows[:len(found["corrections_applied"])])
+
+
+# -- the engines compared, when llama.cpp ran beside the project's engine
+
+def llamacpp_validation_meta(goal_pct: float, gaps: dict) -> dict:
+    """A llama.cpp validation's meta (servingplan.llamacpp.validation) with the given signed gaps per metric."""
+    rows = [{"run": "load 0.5", "metric": metric, "stat": "p90" if metric == "ttft" else "mean", "diff_pct": gap,
+             "agrees": abs(gap) <= goal_pct} for metric, gap in gaps.items()]
+    return {"headline": {"rows": rows, "met": all(row["agrees"] for row in rows)}}
+
+
+@pytest.fixture(scope="module")
+def with_engines(tmp_path_factory):
+    """The all-pass scenario with llama.cpp beside it: a llama.cpp cost model whose decode is twice as fast
+    and whose prefill is 1.5 times as slow as the project's engine's, compared by the planner's function."""
+    from servingplan.llamacpp.compare import engine_comparison
+    root = tmp_path_factory.mktemp("engines")
+    inputs, config = build_run(root / "inputs", "all_pass")
+    torch_cost = SCENARIOS["all_pass"]["cost"]
+    llama_cost = torch_cost.slowed(0.5, 1.5)
+    engines = engine_comparison(torch_cost, llama_cost, read_json(inputs["validation_meta"]),
+                                llamacpp_validation_meta(config["validation"]["goal_pct"], {"ttft": -7.5, "tpot": 22.0}),
+                                config["workload"], config["slo"], config["validation"], config["sweep"],
+                                {"n_batch": 2048}, config["seed"])
+    write_json(root / "engines.json", engines)
+    inputs["engines"] = str(root / "engines.json")
+    out = root / "report"
+    logs = root / "logs"
+    logs.mkdir()
+    (logs / "stage.log").write_text("started_unix 1000.0\nfinished_unix 1060.5\n")
+    write_report(inputs, config, "abc123def456", "0123456789", out / "report.html", out / "report.md",
+                 out / "provenance.json", logs)
+    return {"engines": engines, "md": (out / "report.md").read_text(), "html": (out / "report.html").read_text()}
+
+
+def test_the_engines_section_follows_validation_and_words_the_planners_comparison(with_engines):
+    engines, md = with_engines["engines"], with_engines["md"]
+    headings = re.findall(r"^## (.+)$", md, flags=re.M)
+    assert headings.index("Which engine to serve with on this machine") == headings.index("Validation") + 1
+    section = md.split("## Which engine to serve with", 1)[1].split("\n## ", 1)[0]
+    # every call's ratio is the planner's: decode twice as fast, prefill 1.5 times as slow
+    ratios = {(row["kind"], row["batch"], row["tokens"]): row["llamacpp_over_torch"] for row in engines["calls"]}
+    assert all(abs(r - (0.5 if kind == "decode" else 1.5)) < 1e-9 for (kind, _, _), r in ratios.items())
+    assert "| decode step, 1 sequence |" in section and "| prefill of 512 tokens |" in section and "0.5×" in section
+    assert "| prefill of the mean prompt, " in section
+    choice = engines["choice"]
+    name = "llama.cpp (llama-server)" if choice["engine"] == "llamacpp" else "the project's engine"
+    assert f"Serve with {name} on this machine" in section
+    # llama.cpp's simulator missed its mean TPOT by 22% against a goal of 15%: its validation goal is not met
+    assert engines["validation"]["llamacpp"] == {"ttft_p90_worst_pct": 7.5, "tpot_mean_worst_pct": 22.0, "met": False}
+    assert "22%" in section
+    assert LEAKS.findall(section) == []
+    for line in prose_lines(section):
+        assert SNAKE_CASE.findall(line) == [], line
+
+
+def test_the_engines_section_is_absent_without_llama_cpp(reports):
+    assert "Which engine to serve with" not in reports["all_pass"]["md"].read_text()
+
+
+def test_the_engines_tables_link_their_data_in_html(with_engines):
+    section = with_engines["html"].split('id="engines"', 1)[1]
+    assert section.count("engines.json") >= 2

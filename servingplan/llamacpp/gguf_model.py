@@ -27,29 +27,38 @@ from servingplan.llamacpp import build
 TINY_OVERRIDES = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512, "n_positions": 256}
 
 
+# the printable ASCII characters byte-level BPE writes as themselves ('!' to '~'; not the space, which it
+# writes as 'Ġ')
+PRINTABLE = [chr(code) for code in range(33, 127)]
+
+
 def synthetic_tokenizer(vocab_size: int):
-    """A byte-level BPE with exactly `vocab_size` tokens (the 256 bytes, merges of byte pairs, and
-    <|endoftext|> last, as GPT-2 has it), wrapped for transformers."""
+    """A byte-level BPE with exactly `vocab_size` tokens, <|endoftext|> last as GPT-2 has it, wrapped for
+    transformers. Every other token is printable ASCII: the single characters, then merges of a token
+    with one more character (pairs, then triples, ...). A token that decodes to part of a UTF-8 character
+    (as GPT-2's single bytes 0x80-0xFF do) would make llama-server hold back every later token of the
+    reply until the character completed, and with random weights it never might: the streaming client
+    would then stamp those tokens late."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    alphabet.sort()
-    if vocab_size < len(alphabet) + 1:
-        raise ValueError(f"vocab_size={vocab_size}: a byte-level BPE needs at least {len(alphabet) + 1}")
-    vocab = {tok: i for i, tok in enumerate(alphabet)}
+    if vocab_size < len(PRINTABLE) + 1:
+        raise ValueError(f"vocab_size={vocab_size}: the synthetic tokenizer needs at least {len(PRINTABLE) + 1}")
+    vocab = {tok: i for i, tok in enumerate(PRINTABLE)}
     merges = []
-    for a in alphabet:
-        for b in alphabet:
-            if len(vocab) >= vocab_size - 1:
-                break
-            if a + b not in vocab:
-                merges.append((a, b))
-                vocab[a + b] = len(vocab)
-        if len(vocab) >= vocab_size - 1:
-            break
+    stems = list(PRINTABLE)
+    while len(vocab) < vocab_size - 1:
+        longer = []
+        for stem in stems:
+            for char in PRINTABLE:
+                if len(vocab) >= vocab_size - 1:
+                    break
+                merges.append((stem, char))
+                vocab[stem + char] = len(vocab)
+                longer.append(stem + char)
+        stems = longer
     vocab["<|endoftext|>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",

@@ -18,6 +18,12 @@ from pathlib import Path
 
 from servingplan.llamacpp import build
 
+# the KV cache in float32, as the model is and as the profile (servingplan.llamacpp.profile) measured it
+FLOAT32_KV = ("-ctk", "f32", "-ctv", "f32")
+# at verbosity 5: each log line stamped with its time since start, which the step log needs
+# (servingplan.llamacpp.server_log)
+STEP_LOG_ARGS = ("--log-timestamps",)
+
 
 def free_port() -> int:
     with socket.socket() as s:

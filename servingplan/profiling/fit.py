@@ -13,7 +13,10 @@ least its roofline floor:
     decode   t(B, T) = f(B) + c B T                    on kind decode, T the longest context
 f(B) is the line a + b B, or for the batches where it earns its place a per-batch value. The engine
 pads a decode batch to its longest sequence, so the decode call reads B * max context KV tokens: the
-cost model is written with ctx_mode "padded_max".
+cost model is written with ctx_mode "padded_max". A profile whose meta says otherwise (settings.ctx_mode:
+llama.cpp's, servingplan.llamacpp.profile, whose decode step reads each sequence's own context) gets its
+mode written instead; its decode points hold B sequences of one context T, where B * T is both modes'
+KV read, so the fit itself is the same.
 
 Physics bounds the fit. Each coefficient is the time of one unit of work (servingplan.roofline counts
 its bytes and FLOPs), which this machine cannot do faster than its roofline floor, max(bytes / peak
@@ -418,6 +421,9 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
                                            "line_only": by_batch((line_predicted - measured) / measured)},
     }
     batched = (points["kind"] == "prefill_batch").to_numpy()
+    ctx_mode = meta["settings"].get("ctx_mode", CTX_MODE)
+    # a profile of llama.cpp (meta engine) names its engine; the torch profile's names stay as they were
+    engine_tag, engine_words = ("llamacpp-", "llama.cpp ") if meta.get("engine") == "llamacpp" else ("", "")
     fingerprint = meta["machine"]["fingerprint"]
     speed = meta.get("speed", {})
     summary = {"r2": {p: parts[p]["r2"] for p in parts}, "heldout_mape": heldout_mape,
@@ -425,8 +431,8 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
                "round_mape": float(np.nanmean(round_error)), "mape_goal": mape_goal,
                "goal_met": bool(heldout_mape <= mape_goal)}
     cost_model = CostModel(
-        **shipped, decode_batch_fixed_s=shipped_table, ctx_mode=CTX_MODE, name=f"measured-{fingerprint}",
-        source=(f"profile of GPT-2 ({meta['model']['source']}, {meta['model']['param_count']} params) on "
+        **shipped, decode_batch_fixed_s=shipped_table, ctx_mode=ctx_mode, name=f"measured-{engine_tag}{fingerprint}",
+        source=(f"{engine_words}profile of GPT-2 ({meta['model']['source']}, {meta['model']['param_count']} params) on "
                 f"{meta['machine']['cpu_model']} with {meta['machine']['threads']} threads"),
         meta={"machine_fingerprint": fingerprint, "profile_wall_time_s": meta["wall_time_s"],
               "tiny_model": meta["settings"]["tiny"], "speed_band": speed_band(speed), **summary,
@@ -442,7 +448,7 @@ def fit_profile(points: pd.DataFrame, samples: pd.DataFrame, meta: dict, holdout
         "validation_decode_table": {"batches": [batch for batch, _ in validation_table],
                                     "fixed_s": [seconds for _, seconds in validation_table]},
         "decode_batch_table": decode_table_report,
-        "ctx_mode": CTX_MODE,
+        "ctx_mode": ctx_mode,
         "parts": parts,
         "physical": physical_readings(shipped, floors),
         "roofline_peak": {"bandwidth_gbs": floors.bandwidth_gbs, "gemm_gflops": floors.gflops},

@@ -21,6 +21,8 @@ OUTLINE = (
     Section("simulation", "Simulation", "Simulation"),
     Section("memory_cost", "Memory and cost", "Memory and cost"),
     Section("validation", "Validation", "Validation"),
+    # only when llama.cpp ran beside the project's engine (config `engine: llamacpp`)
+    Section("engines", "Which engine to serve with on this machine", "Engines"),
     # only when the config names target machines (config `hardware`)
     Section("hardware", "Other machines: an estimate from the roofline", "Other machines"),
     Section("exercise2", "Exercise 2: from an SLO to a batch cap", "Exercise 2"),

@@ -103,6 +103,8 @@ class RunResults:
     coverage: dict | None = None
     # how far the targets' estimates can be trusted, measured in the run (results/check/carry_over_check.json)
     carry_over_check: dict | None = None
+    # the two engines compared, when llama.cpp ran too (results/llamacpp/engines.json)
+    engines: dict | None = None
 
     @property
     def measured(self) -> bool:
@@ -142,6 +144,7 @@ def load_results(inputs: Mapping) -> RunResults:
         serving_memory=read_json(inputs["serving_memory"]) if inputs.get("serving_memory") else None,
         coverage=read_json(inputs["coverage"]) if inputs.get("coverage") else None,
         carry_over_check=read_json(inputs["carry_over_check"]) if inputs.get("carry_over_check") else None,
+        engines=read_json(inputs["engines"]) if inputs.get("engines") else None,
     )
 
 
@@ -531,6 +534,15 @@ def validation_section(run: RunResults, workload: dict) -> dict | None:
     }
 
 
+def engines_section(run: RunResults, config: dict) -> dict | None:
+    """The engines compared (servingplan.llamacpp.compare), with the words for their schedulers."""
+    if run.engines is None:
+        return None
+    engines = clean(run.engines)
+    return {**engines, "policy_label": {name: policies.label(served["policy"])
+                                        for name, served in engines["serving"].items()}}
+
+
 def _ttft_tail_breaks_first(headline: dict) -> bool:
     """The drift-corrected model misses the goal on the TTFT tail, where waiting time amplifies speed error."""
     worst = headline["drift_corrected"]["worst_abs_ttft_p90_diff_pct"]
@@ -693,6 +705,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
     summary = summary_section(run, config)
     cost = cost_section(run, config, summary)
     hardware = hardware_section(run, config)
+    engines = engines_section(run, config)
     return {
         "title": config["report"]["title"],
         "config": config,
@@ -709,6 +722,7 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "cost_data": browser_cost_data(cost),
         "validation": validation_section(run, config["workload"]),
         "hardware": hardware,
+        "engines": engines,
         "measurement": clean(measurement.measurement_summary(run.machine, run.fit_report,
                                                              run.validation.meta if run.validation else None))
         if run.measured else None,
@@ -717,8 +731,9 @@ def build_context(run: RunResults, config: dict, provenance_record: dict, traces
         "assumptions": assumptions_section(run, config),
         "provenance": provenance_record,
         "policy_label": policies.label,
-        # the section on other machines stands only when the config names some
-        "outline": [section for section in OUTLINE if section.id != "hardware" or hardware],
+        # the section on other machines stands only when the config names some; the engines', when llama.cpp ran
+        "outline": [section for section in OUTLINE
+                    if (section.id != "hardware" or hardware) and (section.id != "engines" or engines)],
     }
 
 

@@ -1,0 +1,171 @@
+# llama.cpp as a second engine (config `engine: llamacpp`, config/llamacpp.yaml; included by the Snakefile
+# only then). The seeded GPT-2 converted to GGUF, llama.cpp's steps profiled into the torch profiler's
+# files, the same fit, and the `llamacpp` policy validated against a real llama-server. Everything is
+# under results/llamacpp/. The build (`make llamacpp`) is outside results/: its stamp is an input, so a
+# run without it stops naming the missing file, and a rebuild reruns what it measured.
+# Like the torch measurements (MEASURING_FIRST, common.smk) each measuring job takes every core, runs
+# alone and locally: it measures this machine.
+from servingplan.llamacpp import build as llamacpp_build
+
+localrules: llamacpp_gguf, llamacpp_profile, llamacpp_validate_replay
+
+LLAMACPP_DIR = "results/llamacpp"
+LLAMACPP_BUILT = str(llamacpp_build.build_dir() / ".built")
+# what the GGUF depends on: the seed and whether the tiny model is served
+LLAMACPP_MODEL = {"seed": config["seed"], "tiny": config["model"].get("tiny", False)}
+
+
+rule llamacpp_gguf:
+    priority: MEASURING_FIRST
+    input:
+        built=LLAMACPP_BUILT,
+        code=sources("llamacpp/gguf_model.py", "llamacpp/build.py", "profiling/model.py", "architecture.py"),
+    output:
+        gguf=f"{LLAMACPP_DIR}/model.gguf",
+    params:
+        model=LLAMACPP_MODEL,
+    threads: workflow.cores
+    resources:
+        mem_mb=4000,
+        runtime=10,
+    log:
+        "results/logs/llamacpp_gguf.log",
+    script:
+        "../scripts/llamacpp_gguf.py"
+
+
+rule llamacpp_profile:
+    priority: MEASURING_FIRST
+    input:
+        gguf=rules.llamacpp_gguf.output.gguf,
+        built=LLAMACPP_BUILT,
+        code=sources("llamacpp/profile.py", "llamacpp/build.py", "profiling/measure.py", "profiling/machine.py",
+                     "profiling/model.py", "roofline.py", "io.py", "pipeline.py"),
+    output:
+        points=f"{LLAMACPP_DIR}/profile/profile.csv",
+        samples=f"{LLAMACPP_DIR}/profile/samples.csv",
+        machine=f"{LLAMACPP_DIR}/profile/machine.json",
+    params:
+        # the torch profile's grid, rounds and references; its threads are torch's, llamacpp.threads are these
+        profile=config_keys(config["profile"], drop=("threads",)),
+        llamacpp=config_keys(config["llamacpp"], keep=("threads", "n_batch", "n_ubatch")),
+        model=LLAMACPP_MODEL,
+    threads: workflow.cores
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    log:
+        "results/logs/llamacpp_profile.log",
+    benchmark:
+        "results/benchmarks/llamacpp_profile.tsv"
+    script:
+        "../scripts/llamacpp_profile.py"
+
+
+# the fit rule's own code (scripts/fit.py, servingplan.profiling.fit) on llama.cpp's profile
+rule llamacpp_fit:
+    priority: MEASURING_FIRST
+    input:
+        points=rules.llamacpp_profile.output.points,
+        samples=rules.llamacpp_profile.output.samples,
+        machine=rules.llamacpp_profile.output.machine,
+        code=sources("profiling/fit.py", "costmodel.py"),
+    output:
+        costmodel=f"{LLAMACPP_DIR}/fit/costmodel.json",
+        report=f"{LLAMACPP_DIR}/fit/fit_report.json",
+        predicted=f"{LLAMACPP_DIR}/fit/predicted_vs_measured.csv",
+    params:
+        fit=config["fit"],
+        seed=config["seed"],
+    threads: workflow.cores
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "results/logs/llamacpp_fit.log",
+    script:
+        "../scripts/fit.py"
+
+
+rule llamacpp_validate_replay:
+    priority: MEASURING_FIRST
+    input:
+        gguf=rules.llamacpp_gguf.output.gguf,
+        costmodel=rules.llamacpp_fit.output.costmodel,
+        built=LLAMACPP_BUILT,
+        trace=TRACE_FILE,
+        code=sources("llamacpp/validation.py", "llamacpp/server.py", "llamacpp/client.py", "llamacpp/server_log.py",
+                     "llamacpp/build.py", "validation_replay.py", "workload.py", "costmodel.py", "io.py",
+                     "pipeline.py"),
+    output:
+        replay=f"{LLAMACPP_DIR}/validation/replay.json",
+    params:
+        validation=config_keys(config["validation"], keep=("rates_fraction", "trace_seconds", "min_requests", "cap",
+                                                           "max_wall_s")),
+        workload=config["workload"],
+        llamacpp=config_keys(config["llamacpp"]),
+        memory=config_keys(config["memory"], keep=("max_context",)),
+        model=LLAMACPP_MODEL,
+        server_logs="results/logs/llamacpp_server",
+    threads: workflow.cores
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    log:
+        "results/logs/llamacpp_validate_replay.log",
+    benchmark:
+        "results/benchmarks/llamacpp_validate_replay.tsv"
+    script:
+        "../scripts/llamacpp_validate_replay.py"
+
+
+rule llamacpp_validate:
+    input:
+        replay=rules.llamacpp_validate_replay.output.replay,
+        costmodel=rules.llamacpp_fit.output.costmodel,
+        code=SIM_SOURCES + sources("llamacpp/validation.py", "serving/replay.py", "validation.py"),
+    output:
+        summary=f"{LLAMACPP_DIR}/validation/comparison.csv",
+        steps=f"{LLAMACPP_DIR}/validation/steps.csv",
+        steps_by_kind=f"{LLAMACPP_DIR}/validation/steps_by_kind.csv",
+        meta=f"{LLAMACPP_DIR}/validation/validation.json",
+    params:
+        validation=config_keys(config["validation"], keep=("goal_pct",)),
+        memory=config_keys(config["memory"], keep=("block_size",)),
+        sweep=config_keys(config["sweep"], keep=("horizon_factor",)),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    log:
+        "results/logs/llamacpp_validate.log",
+    script:
+        "../scripts/llamacpp_validate.py"
+
+
+# The engines compared on the same workload and targets, for the report (servingplan/llamacpp/compare.py)
+rule engine_comparison:
+    input:
+        torch_costmodel=COSTMODEL,
+        torch_validation=rules.validate.output.meta,
+        llamacpp_costmodel=rules.llamacpp_fit.output.costmodel,
+        llamacpp_validation=rules.llamacpp_validate.output.meta,
+        trace=TRACE_FILE,
+        code=SIM_SOURCES + sources("llamacpp/compare.py"),
+    output:
+        f"{LLAMACPP_DIR}/engines.json",
+    params:
+        workload=config_keys(config["workload"]),
+        slo=config_keys(config["slo"], keep=("ttft_ms", "ttft_percentile", "tpot_ms")),
+        validation=config_keys(config["validation"], keep=("cap", "policy", "rates_fraction")),
+        sweep=config_keys(config["sweep"], keep=("chunk_size", "chunk_budget", "horizon_factor")),
+        llamacpp=config_keys(config["llamacpp"], keep=("n_batch",)),
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    log:
+        "results/logs/engine_comparison.log",
+    script:
+        "../scripts/engine_comparison.py"

@@ -1,0 +1,213 @@
+"""Validate the simulator against a real llama-server, in two jobs as for the torch engine
+(servingplan.validation_replay, servingplan.validation):
+
+    run_llamacpp_replay(gguf, cost, workload, validation, llamacpp_cfg, memory, seed, log_dir) -> dict
+        serve the torch validation's Poisson traces (validation_replay.validation_traces, at the load
+        fractions of validation.rates_fraction of the llama.cpp cost model's service rate) in real time
+        against llama-server over HTTP with the streaming client, one fresh server per trace; and the
+        lowest load once more at llamacpp.split_n_batch, a batch small enough to split prompts. Each
+        run keeps the server's own step log, read into steps (servingplan.llamacpp.server_log).
+    run_llamacpp_comparison(replayed, cost, validation, memory, sweep) -> dict
+        simulate every served trace under the `llamacpp` policy on the llama.cpp cost model and set the
+        requests (p90 TTFT, mean TPOT, ..., with the torch validation's bootstrap intervals:
+        servingplan.serving.replay.compare; its goal: servingplan.validation.agreement) and the steps
+        (each logged step's time against the cost model's time for what it held) side by side.
+
+The server runs with -np = validation.cap, -b / -ub = llamacpp.n_batch / n_ubatch, -c = cap x
+memory.max_context (every slot can hold the longest request), --cache-ram 0, -kvu, a float32 KV cache
+as profiled, and llamacpp.threads. Prompts are random token ids (no two share a prefix, so slots go by
+LRU as simulated). Editing the simulator reruns only the comparison.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from servingplan.llamacpp.server_log import check_rule, read_steps
+from servingplan.pipeline import terminal
+from servingplan.serving.replay import compare
+from servingplan.sim.simulator import SimResult
+from servingplan.validation import MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreement, direction
+from servingplan.workload import Trace, generate
+
+POLICY = "llamacpp"
+# the draws of the workload the service rate is averaged over (as validation_replay)
+SERVICE_RATE_DRAWS = 3
+
+
+def say(message: str) -> None:
+    print(f"llama.cpp validate: {message}", file=terminal(), flush=True)
+
+
+def server_context(validation: dict, memory: dict) -> int:
+    return int(validation["cap"]) * int(memory["max_context"])
+
+
+def planned_runs(workload: dict, validation: dict, llamacpp_cfg: dict, reference_rps: float, seed: int) -> list[dict]:
+    """The runs to serve: every load of the torch validation at n_batch, then its lowest load again at
+    split_n_batch."""
+    from servingplan.validation_replay import validation_traces   # imports torch: the replay job alone needs it
+    runs = []
+    for fraction, rate, trace in validation_traces(workload, validation, reference_rps, seed):
+        runs.append({"name": f"load {fraction:g}", "load_fraction": fraction, "rate": rate, "trace": trace,
+                     "n_batch": int(llamacpp_cfg["n_batch"]), "n_ubatch": int(llamacpp_cfg["n_ubatch"])})
+    lowest = min(runs, key=lambda run: run["load_fraction"])
+    split = int(llamacpp_cfg["split_n_batch"])
+    runs.append({**lowest, "name": f"load {lowest['load_fraction']:g}, n_batch {split}", "n_batch": split,
+                 "n_ubatch": min(split, int(llamacpp_cfg["n_ubatch"]))})
+    return runs
+
+
+def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_cfg: dict, memory: dict,
+                        seed: int, log_dir, tiny: bool = False) -> dict:
+    from servingplan.architecture import GPT2_SMALL
+    from servingplan.llamacpp.client import random_prompts, run_trace
+    from servingplan.llamacpp.gguf_model import TINY_OVERRIDES
+    from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer
+    from servingplan.profiling.machine import resolve_threads
+    from servingplan.validation_replay import service_rate_rps
+
+    cap = int(validation["cap"])
+    vocab_size = (TINY_OVERRIDES if tiny else GPT2_SMALL)["vocab_size"]
+    draws = [generate(workload, seed + i) for i in range(SERVICE_RATE_DRAWS)]
+    reference_rps = service_rate_rps(cost, draws, cap)
+    say(f"load reference: the llama.cpp cost model serves {reference_rps:.3g} req/s at cap {cap}")
+    threads = resolve_threads(llamacpp_cfg.get("threads"))
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    served = []
+    for number, run in enumerate(planned_runs(workload, validation, llamacpp_cfg, reference_rps, seed), 1):
+        trace: Trace = run["trace"]
+        say(f"run {number} ({run['name']}): {len(trace)} requests at {run['rate']:.3g} req/s, -b {run['n_batch']}")
+        prompts = random_prompts(trace.prompt_tokens, vocab_size, seed + number)
+        log_file = log_dir / f"server_run{number}.log"
+        with LlamaServer(gguf, threads=threads, n_parallel=cap, ctx=server_context(validation, memory),
+                         n_batch=run["n_batch"], n_ubatch=run["n_ubatch"], verbosity=5, log_file=log_file,
+                         extra_args=FLOAT32_KV + STEP_LOG_ARGS) as server:
+            results = run_trace(server.url, trace.arrival_s, prompts, [int(n) for n in trace.output_tokens],
+                                timeout_s=float(validation["max_wall_s"]))
+        steps = read_steps(log_file.read_text(errors="replace"))
+        check = check_rule(steps)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            say(f"run {number}: {len(failed)} of {len(results)} requests failed ({failed[0].error})")
+        served.append({
+            "number": number, "name": run["name"], "load_fraction": run["load_fraction"], "rate": run["rate"],
+            "n_batch": run["n_batch"], "n_ubatch": run["n_ubatch"],
+            "trace": {"arrival_s": trace.arrival_s.tolist(), "prompt_tokens": trace.prompt_tokens.tolist(),
+                      "output_tokens": trace.output_tokens.tolist()},
+            "requests": [{"sent_s": r.sent_s, "first_token_s": r.token_times_s[0] if r.ok else None,
+                          "completion_s": r.token_times_s[-1] if r.ok else None,
+                          "tokens": r.output_tokens, "error": r.error} for r in results],
+            "steps": [{"start_s": s.start_s, "duration_s": s.duration_s, "decodes": [list(d) for d in s.decodes],
+                       "prefills": [list(p) for p in s.prefills]} for s in steps],
+            "batch_rule": check,
+        })
+    return {"settings": {"policy": POLICY, "max_num_seqs": cap, "threads": threads,
+                         "ctx": server_context(validation, memory), "n_ubatch": int(llamacpp_cfg["n_ubatch"])},
+            "service_rate_rps": reference_rps, "runs": served}
+
+
+def measured_result(run: dict) -> SimResult:
+    """A served run's request timeline as a SimResult (what compare reads): a request that failed has no
+    first token and no completion."""
+    trace = run["trace"]
+    n = len(trace["arrival_s"])
+    first = np.array([np.nan if r["first_token_s"] is None else r["first_token_s"] for r in run["requests"]], float)
+    done = np.array([np.nan if r["completion_s"] is None else r["completion_s"] for r in run["requests"]], float)
+    outputs = np.array(trace["output_tokens"], dtype=np.int64)
+    return SimResult(
+        arrival_s=np.array(trace["arrival_s"], float), prompt_tokens=np.array(trace["prompt_tokens"], dtype=np.int64),
+        output_tokens=outputs, scheduled_s=np.full(n, np.nan), first_token_s=first, completion_s=done,
+        generated=np.where(np.isnan(done), 0, outputs), preemptions=np.zeros(n, dtype=np.int64),
+        recomputed_tokens=np.zeros(n, dtype=np.int64), rejected=np.zeros(n, dtype=bool), token_spans=None,
+        end_s=float(np.nanmax(done)) if np.isfinite(done).any() else 0.0, truncated=bool(np.isnan(done).any()),
+        steps=len(run["steps"]), events=0, peak_running=0, peak_kv_blocks=0, peak_kv_tokens=0,
+        backlog_growth_s=None, policy=POLICY, max_num_seqs=0, chunk_size=int(run["n_batch"]),
+        meta={"errors": {i: r["error"] for i, r in enumerate(run["requests"]) if r["error"]}})
+
+
+def step_table(run: dict, cost) -> pd.DataFrame:
+    """One row per logged step: its decode batch, KV read, prompt tokens, measured and predicted time."""
+    rows = []
+    for step in run["steps"]:
+        contexts = [context for _, context in step["decodes"]]
+        calls = [(tokens, cached) for _, tokens, cached in step["prefills"]]
+        predicted = cost.step_time(len(contexts), float(sum(contexts)), calls, float(max(contexts, default=0)))
+        rows.append({"run": run["name"], "batch": len(contexts), "ctx_sum": int(sum(contexts)),
+                     "prompt_tokens": int(sum(t for t, _ in calls)), "n_prefill_calls": len(calls),
+                     "tokens": len(contexts) + int(sum(t for t, _ in calls)),
+                     "duration_s": step["duration_s"], "predicted_s": predicted})
+    frame = pd.DataFrame(rows, columns=["run", "batch", "ctx_sum", "prompt_tokens", "n_prefill_calls", "tokens",
+                                        "duration_s", "predicted_s"])
+    frame["error_pct"] = 100.0 * (frame["predicted_s"] - frame["duration_s"]) / frame["duration_s"]
+    return frame
+
+
+def steps_by_kind(steps: pd.DataFrame) -> pd.DataFrame:
+    """Logged steps grouped by what they held: decode-only steps per batch size, and steps carrying
+    prompt tokens (alone, or fused with decodes); median measured and predicted time, median error."""
+    if steps.empty:
+        return pd.DataFrame()
+    kind = np.where(steps["n_prefill_calls"] == 0, "decode",
+                    np.where(steps["batch"] == 0, "prompt", "decode+prompt"))
+    grouped = steps.assign(kind=kind, batch=np.where(kind == "decode", steps["batch"], 0)).groupby(["kind", "batch"])
+    table = pd.DataFrame({"steps": grouped.size(),
+                          "measured_ms": grouped["duration_s"].median() * 1e3,
+                          "predicted_ms": grouped["predicted_s"].median() * 1e3,
+                          "median_error_pct": grouped["error_pct"].median()}).reset_index()
+    table["judged"] = table["steps"] >= MIN_STEPS_PER_BATCH
+    table["within_goal"] = table["median_error_pct"].abs() <= STEP_GOAL_PCT
+    return table
+
+
+def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict, sweep: dict) -> dict:
+    """Simulate each served run under the `llamacpp` policy and set it against the server (see the module
+    docstring): comparison (requests), steps, steps_by_kind and meta (the headline and findings)."""
+    settings = replayed["settings"]
+    cap = settings["max_num_seqs"]
+    blocks = settings["ctx"] // memory["block_size"]
+    tables, steps, runs = [], [], []
+    for run in replayed["runs"]:
+        trace = Trace(np.array(run["trace"]["arrival_s"], float), np.array(run["trace"]["prompt_tokens"], np.int64),
+                      np.array(run["trace"]["output_tokens"], np.int64))
+        measured = measured_result(run)
+        simulated = simulate_run(trace, cost, cap, run["n_batch"], blocks, memory, sweep)
+        label = {"run": run["name"], "load_fraction": run["load_fraction"], "rate": run["rate"],
+                 "n_batch": run["n_batch"]}
+        tables.append(compare(measured, simulated).assign(**label))
+        steps.append(step_table(run, cost))
+        runs.append({**label, "requests": len(trace), "finished": int(measured.finished.sum()),
+                     "simulated_stable": bool(simulated.stable), "batch_rule": run["batch_rule"],
+                     "split_prompts": int(sum(1 for s in run["steps"] for _, _, cached in s["prefills"] if cached))})
+    comparison = pd.concat(tables, ignore_index=True)
+    comparison["agrees"] = agreement(comparison, validation["goal_pct"])
+    all_steps = pd.concat(steps, ignore_index=True)
+    by_kind = pd.concat([steps_by_kind(frame).assign(run=frame["run"].iloc[0]) for frame in steps if len(frame)],
+                        ignore_index=True) if any(len(f) for f in steps) else pd.DataFrame()
+    return {"comparison": comparison, "steps": all_steps, "steps_by_kind": by_kind,
+            "meta": {"policy": POLICY, **settings, "service_rate_rps": replayed["service_rate_rps"], "runs": runs,
+                     "headline": headline(comparison, validation), "steps_by_kind": by_kind.to_dict("records")}}
+
+
+def simulate_run(trace: Trace, cost, cap: int, n_batch: int, blocks: int, memory: dict, sweep: dict) -> SimResult:
+    from servingplan.sim import simulate
+    return simulate(trace, cost, POLICY, cap, n_batch, blocks, memory["block_size"], sweep["horizon_factor"])
+
+
+def headline(comparison: pd.DataFrame, validation: dict) -> dict:
+    """Per run: p90 TTFT and mean TPOT measured (with the 90% interval), simulated, the gap and whether
+    it agrees (inside the interval or within validation.goal_pct), and the gaps' direction."""
+    judged = comparison[((comparison["metric"] == "ttft") & (comparison["stat"] == "p90"))
+                        | ((comparison["metric"] == "tpot") & (comparison["stat"] == "mean"))]
+    rows = [{key: (float(value) if isinstance(value, (float, np.floating)) else value)
+             for key, value in row.items()} for row in
+            judged[["run", "load_fraction", "n_batch", "metric", "stat", "n", "measured_ms", "measured_lo_ms",
+                    "measured_hi_ms", "simulated_ms", "diff_pct", "agrees"]].to_dict("records")]
+    return {"goal_pct": validation["goal_pct"], "rows": rows,
+            "agree": int(judged["agrees"].sum()), "judged": int(len(judged)),
+            "met": bool(len(judged)) and bool(judged["agrees"].all()),
+            "direction": {metric: direction(judged.loc[judged["metric"] == metric, "diff_pct"].tolist())
+                          for metric in ("ttft", "tpot")}}

@@ -1,0 +1,151 @@
+"""The llama.cpp profiler: llama-batched-bench's output read back (canned output, every way it can be
+wrong), and a whole profile through a stand-in tool whose step times follow a known cost model, fitted by
+the torch profile's own fit. Runs everywhere: no build needed."""
+import json
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+from servingplan.llamacpp.profile import BenchError, bench_command, call_seconds, parse_bench_output, run_llamacpp_profile
+from servingplan.profiling.fit import fit_profile
+from servingplan.profiling.measure import GridPoint
+
+# what the pinned llama-batched-bench prints with --output-format jsonl (batched-bench.cpp): its log on
+# stderr, one JSON object a line on stdout, then llama_perf's summary
+ROW = ('{{"n_kv_max": 1024, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1, "is_pp_shared": {pps}, '
+       '"n_gpu_layers": -1, "n_threads": 2, "n_threads_batch": 2, "pp": {pp}, "tg": {tg}, "pl": {pl}, '
+       '"n_kv": {n_kv}, "t_pp": {t_pp:f}, "speed_pp": 500.0, "t_tg": {t_tg:f}, "speed_tg": 40.0, "t": 1.0, '
+       '"speed": 100.0}}')
+PREFILL = GridPoint("prefill", 1, 128, 0)
+DECODE = GridPoint("decode", 4, 1, 256)
+
+
+def prefill_output(times, pp=128):
+    return "\n".join(["", *(ROW.format(pps=0, pp=pp, tg=1, pl=1, n_kv=pp + 1, t_pp=t, t_tg=0.02) for t in times),
+                      "", "llama_perf_context_print:        load time =     120.00 ms"])
+
+
+def test_a_prefill_run_gives_one_call_per_row_after_the_warmup_rows():
+    rows = parse_bench_output(prefill_output([0.5, 0.25, 0.26, 0.27]), PREFILL, 4)
+    assert call_seconds(rows, PREFILL, warmup=1) == [0.25, 0.26, 0.27]
+
+
+def test_a_decode_run_gives_one_step_its_steps_mean():
+    text = ROW.format(pps=1, pp=256, tg=4, pl=4, n_kv=1040, t_pp=0.5, t_tg=0.2)
+    assert call_seconds(parse_bench_output(text, DECODE, 1), DECODE, warmup=1) == pytest.approx([0.05])
+
+
+@pytest.mark.parametrize("text, rows, says", [
+    (prefill_output([0.25, 0.26]), 3, "2 result rows, expected 3"),
+    ("", 1, "0 result rows, expected 1"),
+    (prefill_output([0.25]).replace("0.250000", "nan"), 1, "is not JSON"),
+    (prefill_output([0.25]).replace('"t_pp": 0.250000', '"t_pp": "0.25"'), 1, "t_pp = '0.25', must be a finite number"),
+    (prefill_output([0.25]).replace('"t_tg"', '"t_tg_missing"'), 1, "t_tg = None"),
+    (prefill_output([0.0]), 1, "t_pp = 0.0, must be > 0"),
+    (prefill_output([0.25], pp=64), 1, "a result row has pp=64 pl=1, expected pp=128 pl=1"),
+    ("[1, 2]\n{not json", 1, "is not JSON"),
+])
+def test_bad_tool_output_is_one_clear_line(text, rows, says):
+    with pytest.raises(BenchError) as refused:
+        parse_bench_output(text, PREFILL, rows)
+    message = str(refused.value)
+    assert says in message and len(message.splitlines()) == 1
+    assert message.startswith("llama-batched-bench at prefill B=1 L=128 cached=0")
+
+
+def test_the_commands_time_what_llama_server_runs():
+    settings = {"threads": 2, "n_batch": 2048, "n_ubatch": 512}
+    prefill = bench_command(PREFILL, 4, settings, "m.gguf", "bench")
+    decode = bench_command(DECODE, 4, settings, "m.gguf", "bench")
+    for command in (prefill, decode):
+        assert command[command.index("-ub") + 1] == "512" and command[command.index("-ctk") + 1] == "f32"
+        assert "-kvu" not in command                  # each decoding sequence reads its own cached tokens
+    assert prefill[prefill.index("-npp") + 1] == "128,128,128,128" and prefill[prefill.index("-npl") + 1] == "1"
+    assert "-pps" in decode and decode[decode.index("-npl") + 1] == "4" and decode[decode.index("-ntg") + 1] == "4"
+    with pytest.raises(ValueError, match="prefill_cached"):
+        bench_command(GridPoint("prefill_cached", 1, 64, 64), 1, settings, "m.gguf", "bench")
+
+
+# a stand-in llama-batched-bench: prefill of L tokens takes P0 + P1 L, a decode step of B sequences of
+# context T takes A + B_ B + C B T; it prints the rows the real tool prints for the arguments it gets
+P0, P1, A, B_, C = 0.004, 2e-4, 0.01, 0.002, 1e-6
+FAKE = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import json, sys
+    args = sys.argv[1:]
+    def values(flag):
+        return [int(v) for v in args[args.index(flag) + 1].split(",")]
+    assert "--output-format" in args and "-m" in args
+    print("llama_model_loader: (the tool's log)", file=sys.stderr)
+    for pp in values("-npp"):
+        for tg in values("-ntg"):
+            for pl in values("-npl"):
+                t_pp = {P0} + {P1} * pp
+                t_tg = tg * ({A} + {B_} * pl + {C} * pl * pp)
+                print(json.dumps({{"pp": pp, "tg": tg, "pl": pl, "t_pp": t_pp, "t_tg": t_tg}}))
+    """)
+
+
+def test_a_profile_through_the_tool_fits_the_cost_model_it_follows(tmp_path):
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF")
+    settings = {"warmup": 1, "rounds": 2, "repeats": 2, "reference_interval_s": 0.0, "reference_decode": [2, 64],
+                "reference_prefill": 32, "prefill_lengths": [16, 32, 64, 128], "prefill_batches": [1, 2],
+                "decode_batches": [1, 2, 4, 8], "decode_contexts": [16, 64, 256], "probe_bytes": 1 << 20,
+                "gemm_size": 64}
+    profile = run_llamacpp_profile(gguf, settings, {"threads": 1, "n_batch": 256, "n_ubatch": 128}, seed=0,
+                                   tiny=True, progress=False, binary=fake)
+    points, samples, meta = profile.points, profile.samples, profile.meta
+    assert set(points["kind"]) == {"prefill", "decode"} and len(points) == 4 + 4 * 3
+    assert meta["engine"] == "llamacpp" and meta["settings"]["ctx_mode"] == "sum"
+    assert meta["speed"]["trace"] and set(samples.groupby("point_id")["round"].nunique()) == {2}
+    decode = points[points["kind"] == "decode"]
+    # the stand-in's step times come back exactly (a decode call is one of its R steps)
+    assert decode["median_s"].to_numpy() == pytest.approx(
+        (A + B_ * decode["batch"] + C * decode["batch"] * decode["cached"]).to_numpy(), rel=1e-9)
+    fit = fit_profile(points, samples, json.loads(json.dumps(meta, default=str)), 0.25, 0.05, 0)
+    model = fit.cost_model
+    assert model.ctx_mode == "sum" and model.name.startswith("measured-llamacpp-")
+    assert model.prefill_time(100) == pytest.approx(P0 + P1 * 100, rel=1e-3)
+    assert model.decode_time(6, 6 * 200.0, 200.0) == pytest.approx(A + B_ * 6 + C * 6 * 200, rel=1e-3)
+
+
+def test_a_tool_that_fails_is_one_clear_line(tmp_path):
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nprint('error: unable to load model', file=sys.stderr)\nsys.exit(1)\n")
+    fake.chmod(0o755)
+    from servingplan.llamacpp.profile import run_bench
+    with pytest.raises(BenchError, match=r"^llama-batched-bench exited with 1 at prefill B=1 L=128 cached=0: "
+                                         r"error: unable to load model$"):
+        run_bench(PREFILL, {"threads": 1, "n_batch": 256, "n_ubatch": 128, "warmup": 1, "repeats": 1},
+                  tmp_path / "m.gguf", fake)
+
+
+@pytest.mark.parametrize("lost_runs, ok", [(2, True), (3, False)])
+def test_a_run_whose_rows_the_tools_logger_lost_is_run_again_at_most_three_times(tmp_path, lost_runs, ok):
+    """llama.cpp's asynchronous logger can lose the tool's last lines at exit: such a run is run again."""
+    from servingplan.llamacpp.profile import BENCH_ATTEMPTS, MissingRows, run_bench
+    assert BENCH_ATTEMPTS == 3
+    runs = tmp_path / "runs"
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        from pathlib import Path
+        runs = Path({str(runs)!r})
+        runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+        if len(runs.read_text()) > {lost_runs}:
+            print({ROW.format(pps=0, pp=128, tg=1, pl=1, n_kv=129, t_pp=0.25, t_tg=0.02)!r})
+        """))
+    fake.chmod(0o755)
+    settings = {"threads": 1, "n_batch": 256, "n_ubatch": 128, "warmup": 0, "repeats": 1}
+    if ok:
+        assert run_bench(PREFILL, settings, tmp_path / "m.gguf", fake) == [0.25]
+    else:
+        with pytest.raises(MissingRows, match="0 result rows, expected 1"):
+            run_bench(PREFILL, settings, tmp_path / "m.gguf", fake)
+    assert len(runs.read_text()) == min(lost_runs + 1, BENCH_ATTEMPTS)
