@@ -58,7 +58,7 @@ def test_the_server_runner_starts_and_stops_a_stand_in(tmp_path):
         """))
     fake.chmod(0o755)
     server = LlamaServer(tmp_path / "none.gguf", binary=fake, startup_timeout_s=30)
-    assert "-kvu" in server.args and server.args[server.args.index("--cache-ram") + 1] == "0"
+    assert "-no-kvu" in server.args and "-kvu" not in server.args and server.args[server.args.index("--cache-ram") + 1] == "0"
     with server:
         assert server.healthy()
     assert server.proc.poll() is not None and not server.healthy()

@@ -14,8 +14,8 @@
         (each logged step's time against the cost model's time for what it held) side by side.
 
 The server runs with -np = validation.cap, -b / -ub = llamacpp.n_batch / n_ubatch, -c = cap x
-memory.max_context (every slot can hold the longest request), --cache-ram 0, -kvu, a float32 KV cache
-as profiled, and llamacpp.threads. Prompts are random token ids (no two share a prefix, so slots go by
+memory.max_context (every slot can hold the longest request), --cache-ram 0, a KV cache per slot (-no-kvu)
+and in float32 as profiled, and llamacpp.threads. Prompts are random token ids (no two share a prefix, so slots go by
 LRU as simulated). Editing the simulator reruns only the comparison.
 """
 from __future__ import annotations
