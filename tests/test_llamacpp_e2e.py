@@ -88,7 +88,7 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
     profile = run_llamacpp_profile(tiny_gguf, grid, engine, seed=0, tiny=True, progress=False)
     assert len(profile.points) == 3 + 2 * 2 and (profile.points["median_s"] > 0).all()
     cost = fit_profile(profile.points, profile.samples, profile.meta, 0.25, 0.05, 0).cost_model
-    assert cost.ctx_mode == "sum"
+    assert cost.ctx_mode == "padded_max"
 
     workload = {"num_requests": 10, "rate": 1.0, "prompt": {"dist": "uniform", "min": 16, "max": 60},
                 "output": {"dist": "uniform", "min": 3, "max": 6}}

@@ -102,7 +102,7 @@ def test_a_profile_through_the_tool_fits_the_cost_model_it_follows(tmp_path):
                                    tiny=True, progress=False, binary=fake)
     points, samples, meta = profile.points, profile.samples, profile.meta
     assert set(points["kind"]) == {"prefill", "decode"} and len(points) == 4 + 4 * 3
-    assert meta["engine"] == "llamacpp" and meta["settings"]["ctx_mode"] == "sum"
+    assert meta["engine"] == "llamacpp" and meta["settings"]["ctx_mode"] == "padded_max"
     assert meta["speed"]["trace"] and set(samples.groupby("point_id")["round"].nunique()) == {2}
     decode = points[points["kind"] == "decode"]
     # the stand-in's step times come back exactly (a decode call is one of its R steps)
@@ -110,7 +110,7 @@ def test_a_profile_through_the_tool_fits_the_cost_model_it_follows(tmp_path):
         (A + B_ * decode["batch"] + C * decode["batch"] * decode["cached"]).to_numpy(), rel=1e-9)
     fit = fit_profile(points, samples, json.loads(json.dumps(meta, default=str)), 0.25, 0.05, 0)
     model = fit.cost_model
-    assert model.ctx_mode == "sum" and model.name.startswith("measured-llamacpp-")
+    assert model.ctx_mode == "padded_max" and model.name.startswith("measured-llamacpp-")
     assert model.prefill_time(100) == pytest.approx(P0 + P1 * 100, rel=1e-3)
     assert model.decode_time(6, 6 * 200.0, 200.0) == pytest.approx(A + B_ * 6 + C * 6 * 200, rel=1e-3)
 

@@ -17,10 +17,13 @@ measure.py's own; what differs is the timed call:
     decode    batch B, each sequence holding `cached` = T tokens: `-npp T -ntg R -npl B -pps`, the
               prompt prefilled once and copied to the B sequences (untimed), then R decode steps of B
               tokens; the call is one step, t_tg / R (the tool times the R steps together; contexts
-              T to T + R - 1, R = warmup + repeats). The KV cache is split per sequence (no -kvu), so
-              every sequence reads its own T cached tokens, as in llama-server, whose flash-attention
-              kernel skips the cells masked from a sequence: a step costs the sum of the contexts, and
-              the profile says so (settings.ctx_mode "sum") for the fit to write.
+              T to T + R - 1, R = warmup + repeats). The KV cache is split per sequence (no -kvu), as
+              llama-server runs it. A step reads B times the longest context, not the sum of the
+              contexts: with a float32 KV cache, flash attention first casts each sequence's K and V
+              views to float16, and every view spans the KV cells up to the longest sequence's (a cast
+              of cells the kernel then skips as masked). So the profile says settings.ctx_mode
+              "padded_max", which the fit writes; its decode points hold B sequences of one context T,
+              where B * T is what either mode reads.
 
 measure.py's other kinds are not measured: llama-batched-bench clears the KV cache before every prompt,
 so it cannot time a chunk after cached tokens of the same prompt (prefill_cached), and a batched
@@ -60,7 +63,7 @@ from servingplan.profiling.measure import (FLOAT32_BYTES, MAX_REMEASURE_ROUNDS, 
 from servingplan.llamacpp import build
 
 MEASURED_KINDS = ("prefill", "decode")
-CTX_MODE = "sum"
+CTX_MODE = "padded_max"
 # a tool run that takes longer than this is stuck (the largest default point takes a few seconds)
 BENCH_TIMEOUT_S = 600.0
 # runs of one measurement whose output lost rows (see run_bench) before the measurement fails

@@ -13,10 +13,10 @@ least its roofline floor:
     decode   t(B, T) = f(B) + c B T                    on kind decode, T the longest context
 f(B) is the line a + b B, or for the batches where it earns its place a per-batch value. The engine
 pads a decode batch to its longest sequence, so the decode call reads B * max context KV tokens: the
-cost model is written with ctx_mode "padded_max". A profile whose meta says otherwise (settings.ctx_mode:
-llama.cpp's, servingplan.llamacpp.profile, whose decode step reads each sequence's own context) gets its
-mode written instead; its decode points hold B sequences of one context T, where B * T is both modes'
-KV read, so the fit itself is the same.
+cost model is written with ctx_mode "padded_max". A profile whose meta names its engine's mode
+(settings.ctx_mode, as llama.cpp's does: servingplan.llamacpp.profile) gets that mode written instead;
+its decode points hold B sequences of one context T, where B * T is both modes' KV read, so the fit
+itself is the same.
 
 Physics bounds the fit. Each coefficient is the time of one unit of work (servingplan.roofline counts
 its bytes and FLOPs), which this machine cannot do faster than its roofline floor, max(bytes / peak
