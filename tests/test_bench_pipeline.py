@@ -19,22 +19,28 @@ def test_stages_sum_their_jobs_and_the_measuring_stages_stand_apart(tmp_path, ca
     write(bench / "validate_replay.tsv", 200.0, 390.0)
     write(bench / "profile_one_thread.tsv", 150.0, 149.0)  # the carry-over check's profile: its own stage
     write(bench / "carry_over_check.tsv", 30.0, 29.0)
+    write(bench / "llamacpp_profile.tsv", 600.0, 50.0)          # engine: llamacpp measures too
+    write(bench / "llamacpp_validate_replay.tsv", 300.0, 390.0)
+    write(bench / "llamacpp_validate.tsv", 5.0, 4.0)            # its comparison is simulation
     write(bench / "serving_memory" / "static_cap1.tsv", 30.0, 33.0)
     write(bench / "sweep" / "static_cap1.tsv", 10.0, 9.5)
     write(bench / "sweep" / "static_cap2.tsv", 12.0, 11.5, rss=300.0)
     write(bench / "machines" / "t4" / "capacity" / "static_cap1.tsv", 4.0, 3.0)
     table = {row["stage"]: row for row in bench_pipeline.stage_table(tmp_path)}
     assert set(table) == {"profile", "validate_replay", "serving_memory", "sweep", "machines/t4/capacity",
-                          "profile_one_thread", "carry_over_check"}
+                          "profile_one_thread", "carry_over_check", "llamacpp_profile",
+                          "llamacpp_validate_replay", "llamacpp_validate"}
     assert table["profile"]["jobs"] == 1 and table["profile_one_thread"]["measuring"]
     assert not table["carry_over_check"]["measuring"]
     assert table["sweep"]["jobs"] == 2 and table["sweep"]["wall_s"] == 22.0 and table["sweep"]["cpu_s"] == 21.0
     assert table["sweep"]["max_rss_mb"] == 300.0
     assert table["profile"]["measuring"] and table["validate_replay"]["measuring"] and not table["sweep"]["measuring"]
     assert table["serving_memory"]["measuring"]
+    assert table["llamacpp_profile"]["measuring"] and table["llamacpp_validate_replay"]["measuring"]
+    assert not table["llamacpp_validate"]["measuring"]
     assert bench_pipeline.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "simulation and rendering, all" in out and "53.0" in out  # 9.5 + 11.5 + 3.0 + 29.0 CPU s
+    assert "simulation and rendering, all" in out and "57.0" in out  # 9.5 + 11.5 + 3.0 + 29.0 + 4.0 CPU s
 
 
 def test_a_run_without_benchmarks_is_one_line_and_exit_2(tmp_path, capsys):
