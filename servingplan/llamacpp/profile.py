@@ -66,8 +66,11 @@ MEASURED_KINDS = ("prefill", "decode")
 CTX_MODE = "padded_max"
 # a tool run that takes longer than this is stuck (the largest default point takes a few seconds)
 BENCH_TIMEOUT_S = 600.0
-# runs of one measurement whose output lost rows (see run_bench) before the measurement fails
-BENCH_ATTEMPTS = 3
+# runs of one measurement whose output lost rows (see run_bench) before the measurement fails, and the
+# pause before the n-th rerun (n x this): on a busy machine losses come in spells (the tiny test model,
+# 2 cores both busy: 3 of 40 runs lost rows, and once three runs in a row), so reruns are spread out
+BENCH_ATTEMPTS = 8
+BENCH_RETRY_PAUSE_S = 0.25
 # KV cells llama.cpp pads its cache to; the context given to a run leaves room for it
 KV_PAD = 256
 
@@ -160,6 +163,7 @@ def run_bench(point: GridPoint, settings: dict, gguf: Path, binary: Path) -> lis
         except MissingRows:
             if attempt == BENCH_ATTEMPTS:
                 raise
+            time.sleep(BENCH_RETRY_PAUSE_S * attempt)
 
 
 class BenchTracer(SpeedTracer):
