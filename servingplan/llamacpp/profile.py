@@ -163,7 +163,11 @@ def run_bench(point: GridPoint, settings: dict, gguf: Path, binary: Path) -> lis
         except MissingRows:
             if attempt == BENCH_ATTEMPTS:
                 raise
-            time.sleep(BENCH_RETRY_PAUSE_S * attempt)
+            pause_before_rerun(attempt)
+
+
+def pause_before_rerun(attempt: int) -> None:
+    time.sleep(BENCH_RETRY_PAUSE_S * attempt)
 
 
 class BenchTracer(SpeedTracer):

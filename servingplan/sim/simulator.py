@@ -137,11 +137,29 @@ def steps_to_reach(gap: float, d0: float, dd: float) -> int:
     if dd <= 0:
         return max(1, math.ceil(gap / d0 - 1e-12))
     k = max(1, math.ceil((-(d0 - dd / 2) + math.sqrt((d0 - dd / 2) ** 2 + 2 * dd * gap)) / dd - 1e-9))
-    while k > 1 and (k - 1) * d0 + dd * (k - 1) * (k - 2) / 2 >= gap:
-        k -= 1
-    while k * d0 + dd * k * (k - 1) / 2 < gap:
-        k += 1
-    return k
+
+    def lasts(n: int) -> float:
+        return n * d0 + dd * n * (n - 1) / 2
+
+    # The closed form is off by a step or two through rounding; the answer is pinned by bisection, not by
+    # stepping k one at a time: with steps of 1e-56 s (an imported model may allow them) k is about 1e55,
+    # where k + 1 rounds to k and a one-step walk never ends.
+    if k > 1 and lasts(k - 1) >= gap:
+        below, above = 0, k - 1
+    elif lasts(k) < gap:
+        below, width = k, 1
+        while lasts(k + width) < gap:
+            below, width = k + width, width * 2
+        above = k + width
+    else:
+        return k
+    while above - below > 1:   # lasts(below) < gap <= lasts(above)
+        middle = (below + above) // 2
+        if lasts(middle) >= gap:
+            above = middle
+        else:
+            below = middle
+    return max(1, above)
 
 
 # The keeps-up test's resolution, a share of the trace's duration: a backlog growth above -1e-9 of it counts
