@@ -337,12 +337,13 @@ def validate(d, schema: bool = True) -> None:
                          "(see schemas/costmodel.schema.json)")
 
 
-def read_file(path: str | Path) -> CostModel:
+def read_file(path: str | Path, schema: bool = True) -> CostModel:
     """The cost model a JSON file holds (config `costmodel.source`); ValueError, one line naming the
-    file and what is wrong with it, for a file that is missing, not JSON or not the contract above."""
+    file and what is wrong with it, for a file that is missing, not JSON or not the contract above
+    (without `schema`, its value checks alone: read_written)."""
     document = parse_json(read_text_input(path, "cost model", MAX_FILE_BYTES), repr(str(path)))
     try:
-        return CostModel.from_dict(document)
+        return CostModel.from_dict(document, schema)
     except ValueError as exc:
         raise ValueError(f"{str(path)!r}: {exc}") from None
 
@@ -352,11 +353,7 @@ def read_written(path: str | Path) -> CostModel:
     which read the user's file with read_file): `save` writes the contract's form, so the schema pass is
     left out and only the value checks run. That pass would cost each of a run's simulation jobs (about
     170) a fifth of a CPU-second importing jsonschema."""
-    document = parse_json(read_text_input(path, "cost model", MAX_FILE_BYTES), repr(str(path)))
-    try:
-        return CostModel.from_dict(document, schema=False)
-    except ValueError as exc:
-        raise ValueError(f"{str(path)!r}: {exc}") from None
+    return read_file(path, schema=False)
 
 
 def load(spec: str | Path) -> CostModel:
