@@ -29,6 +29,8 @@ from servingplan.workload import generate
 # a batch size's steps are judged only when there are this many of them
 MIN_STEPS_PER_BATCH = 20
 STEP_GOAL_PCT = 10.0
+# the highest load (x the service rate) the validation goal is judged at: the headline reads the loads up to it
+JUDGED_LOAD = 0.85
 
 
 def say(message: str) -> None:
@@ -217,7 +219,7 @@ def headline(comparison: pd.DataFrame, by_batch: pd.DataFrame, validation: dict,
                 "step_mape_drift_corrected_pct": float(steps["corrected_error_pct"].abs().mean()) if timed else None,
                 "step_bias_drift_corrected_pct": float(steps["corrected_error_pct"].median()) if timed else None})
     for name in ("as_fitted", "drift_corrected"):
-        below = comparison[(comparison["load_fraction"] <= 0.85 + 1e-9) & (comparison["cost_model"] == name)]
+        below = comparison[(comparison["load_fraction"] <= JUDGED_LOAD + 1e-9) & (comparison["cost_model"] == name)]
         judged = below[((below["metric"] == "ttft") & (below["stat"] == "p90"))
                        | ((below["metric"] == "tpot") & (below["stat"] == "mean"))].dropna(subset=["diff_pct"])
 
@@ -257,7 +259,7 @@ def findings(comparison: pd.DataFrame, by_batch: pd.DataFrame, traces: list[dict
     refused, each with its evidence (re-timed points / profiled) and the engine's own steps (measured /
     model); and the traces skipped or truncated (a skipped trace has no figure, never a made-up one)."""
     gaps = []
-    judged_loads = comparison[comparison["load_fraction"] <= 0.85 + 1e-9] if len(comparison) else comparison
+    judged_loads = comparison[comparison["load_fraction"] <= JUDGED_LOAD + 1e-9] if len(comparison) else comparison
     for metric, stat in (("ttft", "p90"), ("tpot", "mean")):
         for name in ("as_fitted", "drift_corrected"):
             rows = (judged_loads[(judged_loads["metric"] == metric) & (judged_loads["stat"] == stat)

@@ -219,6 +219,11 @@ def expected_max(values: np.ndarray, k: int) -> float:
     return float(np.sum(ordered * (share[1:] ** k - share[:-1] ** k)))
 
 
+def reference_rps(cost, workload: dict, cap: int, seed: int) -> float:
+    """The replay's load reference: service_rate_rps over SERVICE_RATE_DRAWS draws of the workload."""
+    return service_rate_rps(cost, [generate(workload, seed + i) for i in range(SERVICE_RATE_DRAWS)], cap)
+
+
 def service_rate_rps(cost, traces: list[Trace], cap: int) -> float:
     """Requests per second the cost model serves with `cap` sequences decoding together: each request
     costs its prompt's prefill and, per output token, its share (1/cap) of a decode step of cap
@@ -366,10 +371,9 @@ def run_replay(model, cost, machine: dict, profile_points: pd.DataFrame, workloa
     budget = Budget(validation["max_wall_s"])
     policy, cap, chunk = validation["policy"], validation["cap"], sweep["chunk_size"]
     blocks = kv_blocks(machine, memory)
-    draws = [generate(workload, seed + i) for i in range(SERVICE_RATE_DRAWS)]
-    reference_rps = service_rate_rps(cost, draws, cap)
-    say(f"load reference: the cost model serves {reference_rps:.3g} req/s at {policy} cap {cap}")
-    planned = list(validation_traces(workload, validation, reference_rps, seed))
+    reference = reference_rps(cost, workload, cap, seed)
+    say(f"load reference: the cost model serves {reference:.3g} req/s at {policy} cap {cap}")
+    planned = list(validation_traces(workload, validation, reference, seed))
     # the serving time no engine can shorten: each trace lasts at least until its last arrival
     arrival_s = [float(trace.arrival_s[-1]) for _, _, trace in planned]
     say(f"the traces' arrivals span {' + '.join(f'{s:.0f}' for s in arrival_s)} s of the stage's "
@@ -443,7 +447,7 @@ def run_replay(model, cost, machine: dict, profile_points: pd.DataFrame, workloa
     return {
         "settings": {"policy": policy, "max_num_seqs": cap, "chunk_size": chunk, "kv_blocks": blocks,
                      "block_size": memory["block_size"]},
-        "service_rate_rps": reference_rps,
+        "service_rate_rps": reference,
         "expected_arrival_s": arrival_s,
         "max_wall_s": float(validation["max_wall_s"]),
         "stage_s": stage,

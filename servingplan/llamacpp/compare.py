@@ -10,7 +10,7 @@
   llama.cpp is faster at that call).
 - serving: the workload at the load both engines were validated at: the highest of validation.rates_fraction
   up to JUDGED_LOAD (the loads the validation goal is judged at) times the slower engine's service rate
-  (validation_replay.service_rate_rps, each engine's cost model at the cap; today's rate, workload.rate,
+  (validation_replay.reference_rps, each engine's cost model at the cap; today's rate, workload.rate,
   may be beyond both, and a run that does not keep up has no latency to compare), simulated on each
   engine's cost model with its own scheduler at the validated cap (torch: validation.policy; llama.cpp: the `llamacpp` policy
   with llamacpp.n_batch), over the same seeds: the SLO's TTFT percentile and mean TPOT (the mean over seeds),
@@ -29,11 +29,10 @@ import numpy as np
 from servingplan.metrics import percentile, request_columns
 from servingplan.sim import simulate
 from servingplan.sim.policies import chunk_budget
+from servingplan.validation import JUDGED_LOAD
 from servingplan.workload import generate
 
 ENGINES = ("torch", "llamacpp")
-# the highest load (x the service rate) the validation goal is judged at (servingplan.validation.headline)
-JUDGED_LOAD = 0.85
 PREFILL_LENGTHS = (128, 256, 512)
 # the draws of today's workload each engine is simulated on
 SEEDS = 3
@@ -98,13 +97,12 @@ def llama_gaps(meta: dict) -> dict:
 def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_validation: dict, workload: dict,
                       slo: dict, validation: dict, sweep: dict, llamacpp: dict, seed: int) -> dict:
     today = workload["rate"]
-    from servingplan.validation_replay import service_rate_rps   # imports torch: only this job's import pays it
+    from servingplan.validation_replay import reference_rps   # imports torch: only this job's import pays it
     cap = int(validation["cap"])
     prompt, context = mean_shapes(workload, seed)
     costs = {"torch": torch_cost, "llamacpp": llama_cost}
     call_rows = calls(costs, cap, prompt, context)
-    draws = [generate(workload, seed + i) for i in range(SEEDS)]
-    service = {name: service_rate_rps(cost, draws, cap) for name, cost in costs.items()}
+    service = {name: reference_rps(cost, workload, cap, seed) for name, cost in costs.items()}
     judged = [f for f in validation["rates_fraction"] if f <= JUDGED_LOAD + 1e-9]
     load = max(judged) if judged else JUDGED_LOAD
     rate = load * min(service.values())

@@ -30,11 +30,9 @@ from servingplan.pipeline import terminal
 from servingplan.serving.replay import compare
 from servingplan.sim.simulator import SimResult
 from servingplan.validation import MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreement, direction
-from servingplan.workload import Trace, generate
+from servingplan.workload import Trace
 
 POLICY = "llamacpp"
-# the draws of the workload the service rate is averaged over (as validation_replay)
-SERVICE_RATE_DRAWS = 3
 
 
 def say(message: str) -> None:
@@ -67,18 +65,17 @@ def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_c
     from servingplan.llamacpp.gguf_model import TINY_OVERRIDES
     from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer
     from servingplan.profiling.machine import resolve_threads
-    from servingplan.validation_replay import service_rate_rps
+    from servingplan.validation_replay import reference_rps
 
     cap = int(validation["cap"])
     vocab_size = (TINY_OVERRIDES if tiny else GPT2_SMALL)["vocab_size"]
-    draws = [generate(workload, seed + i) for i in range(SERVICE_RATE_DRAWS)]
-    reference_rps = service_rate_rps(cost, draws, cap)
-    say(f"load reference: the llama.cpp cost model serves {reference_rps:.3g} req/s at cap {cap}")
+    reference = reference_rps(cost, workload, cap, seed)
+    say(f"load reference: the llama.cpp cost model serves {reference:.3g} req/s at cap {cap}")
     threads = resolve_threads(llamacpp_cfg.get("threads"))
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     served = []
-    for number, run in enumerate(planned_runs(workload, validation, llamacpp_cfg, reference_rps, seed), 1):
+    for number, run in enumerate(planned_runs(workload, validation, llamacpp_cfg, reference, seed), 1):
         trace: Trace = run["trace"]
         say(f"run {number} ({run['name']}): {len(trace)} requests at {run['rate']:.3g} req/s, -b {run['n_batch']}")
         prompts = random_prompts(trace.prompt_tokens, vocab_size, seed + number)
@@ -107,7 +104,7 @@ def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_c
         })
     return {"settings": {"policy": POLICY, "max_num_seqs": cap, "threads": threads,
                          "ctx": server_context(validation, memory), "n_ubatch": int(llamacpp_cfg["n_ubatch"])},
-            "service_rate_rps": reference_rps, "runs": served}
+            "service_rate_rps": reference, "runs": served}
 
 
 def measured_result(run: dict) -> SimResult:
