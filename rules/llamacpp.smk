@@ -159,7 +159,7 @@ rule engine_comparison:
         slo=config_keys(config["slo"], keep=("ttft_ms", "ttft_percentile", "tpot_ms")),
         validation=config_keys(config["validation"], keep=("cap", "policy", "rates_fraction")),
         sweep=config_keys(config["sweep"], keep=("chunk_size", "chunk_budget", "horizon_factor")),
-        llamacpp=config_keys(config["llamacpp"], keep=("n_batch",)),
+        llamacpp=config_keys(config["llamacpp"], keep=("n_batch", "n_ubatch")),
         seed=config["seed"],
     threads: 1
     resources:

@@ -13,8 +13,9 @@ REPLAY_SOURCES = sources("serving/__init__.py", "serving/engine.py", "serving/kv
                          "sim/scheduler.py", "sim/policies.py", "sim/steps.py", "profiling/__init__.py",
                          "profiling/model.py", "profiling/machine.py", "architecture.py", "io.py", "pipeline.py",
                          "config.py", "costmodel.py", "memory.py", "device.py")
-# ... and the simulator's SimResult, the timeline class the engine fills (sim/__init__.py, sim/simulator.py):
-# left out on purpose, so that editing the simulator reruns the comparison only (issue 20, item 3)
+# ... and the simulator's SimResult, the timeline class the engine fills (sim/__init__.py, sim/simulator.py,
+# which imports sim/llamacpp_slots.py for a policy the engine never serves): left out on purpose, so that
+# editing the simulator reruns the comparison only (issue 20, item 3)
 
 # the torch threads the engine serves with (profile.threads; 0 is every core of this machine)
 ENGINE_THREADS = resolve_threads(config["profile"]["threads"])

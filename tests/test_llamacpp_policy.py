@@ -1,7 +1,9 @@
 """The `llamacpp` policy against a slot schedule worked out by hand from llama-server's update_slots
 (llama.cpp 0c1e570, tools/server/server-context.cpp)."""
 from servingplan.sim import BlockManager, Scheduler, Seq
-from servingplan.sim.llamacpp_slots import slots_of, ubatches
+import pytest
+
+from servingplan.sim.llamacpp_slots import micro_batches, slots_of, step_time
 from servingplan.sim.policies import POLICIES, label
 
 
@@ -10,6 +12,8 @@ def run(sched):
     step = sched.schedule()
     table = slots_of(sched)
     held = {s.id: i for i, s in enumerate(table.seq) if s is not None}
+    # the step names the slot of each decode and prompt chunk, which its micro-batches follow
+    assert step.slots == ([held[s.id] for s in step.decodes], [held[s.id] for s, _ in step.prefills])
     out = (held, [s.id for s in step.decodes], [(s.id, n) for s, n in step.prefills])
     sched.complete(step)
     return out
@@ -74,10 +78,52 @@ def test_no_preemption_the_context_is_reserved_when_a_slot_is_taken():
     assert held == {"b": 0} and prefills == [("b", 4)]
 
 
-def test_micro_batches():
-    assert ubatches(1100, 512) == [512, 512, 76]
-    assert ubatches(512, 512) == [512]
-    assert ubatches(3, 512) == [3]
+def test_micro_batches_follow_llama_cpp_sequential_split_of_a_batch():
+    # decodes in slots 0, 1 and 5 (contexts 10, 20, 30): two passes over the weights, {0, 1} and {5}
+    assert micro_batches([(0, 10), (1, 20), (5, 30)], [], 512) == [(1, [(0, 9), (1, 19)]), (1, [(5, 29)])]
+    # decodes in slots 0, 1, 2 and 5, then a 10-token prompt in slot 3: its first token follows slot 2, so it
+    # joins the first pass; slot 5 is the second; the prompt's other 9 tokens the third
+    assert micro_batches([(0, 10), (1, 20), (2, 30), (5, 40)], [(3, 10, 0)], 512) == [
+        (1, [(0, 9), (1, 19), (2, 29), (3, 0)]), (1, [(5, 39)]), (9, [(3, 1)])]
+    # a prompt longer than n_ubatch: 512, 512, then 76 tokens, each after what the earlier ones cached
+    assert micro_batches([], [(4, 1100, 0)], 512) == [(512, [(4, 0)]), (512, [(4, 512)]), (76, [(4, 1024)])]
+    # prompts in consecutive slots take equal shares while both last, at most n_ubatch in all
+    assert micro_batches([], [(3, 400, 0), (4, 300, 0)], 512) == [
+        (256, [(3, 0), (4, 0)]), (44, [(3, 256), (4, 256)]), (100, [(3, 300)])]
+    assert micro_batches([], [], 512) == []
+
+
+def test_an_iteration_is_priced_over_its_micro_batches(growing_cost):
+    cost = growing_cost
+    # a pass of one token per sequence is a decode step; a longer one a prefill call per sequence
+    assert step_time(cost, [(0, 10), (1, 20), (5, 30)], [], 512) == pytest.approx(
+        cost.decode_time(2, 30, 20) + cost.decode_time(1, 30, 30), rel=1e-12)
+    assert step_time(cost, [(0, 10)], [(1, 5, 0)], 512) == pytest.approx(
+        cost.decode_time(2, 11, 10) + cost.prefill_time(4, 1), rel=1e-12)
+    assert step_time(cost, [], [(4, 1100, 0)], 512) == pytest.approx(
+        cost.prefill_time(512, 0) + cost.prefill_time(512, 512) + cost.prefill_time(76, 1024), rel=1e-12)
+    # slots running together cost less than the same decodes split across passes
+    assert step_time(cost, [(0, 10), (1, 10)], [], 512) < step_time(cost, [(0, 10), (2, 10)], [], 512)
+
+
+def test_the_simulator_prices_decodes_in_slots_apart_as_separate_passes(growing_cost):
+    import numpy as np
+    from conftest import make_trace
+    from servingplan.sim import simulate
+    # A (id 0) takes slot 2, B slot 1, C slot 0. Once B is done, A and C decode in slots 2 and 0: two
+    # passes of one sequence each, every step until they finish (same prompts, so the same contexts)
+    trace = make_trace([0.0, 0.0, 0.0], [8, 8, 8], [30, 2, 30])
+    steps = simulate(trace, growing_cost, "llamacpp", 3, record_steps=True).step_table
+    apart = steps[(steps["batch"] == 2) & (steps["n_prefill_calls"] == 0)]
+    assert len(apart) == 28
+    for row in apart.itertuples():
+        context = row.ctx_sum / 2
+        assert row.ctx_max == context
+        assert row.duration_s == pytest.approx(2 * growing_cost.decode_time(1, context, context), rel=1e-12)
+        assert row.decode_s == pytest.approx(row.duration_s, rel=1e-12)
+    together = steps[steps["batch"] == 3]
+    assert len(together) == 1 and together["duration_s"].iloc[0] == pytest.approx(
+        growing_cost.decode_time(3, together["ctx_sum"].iloc[0], together["ctx_max"].iloc[0]), rel=1e-12)
 
 
 def test_the_simulator_runs_the_policy_without_preemption_on_a_tiny_cache(growing_cost):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from conftest import GROWING, fixed_cost, make_trace
 from servingplan import workload
 from servingplan.sim import POLICIES, BlockManager, Scheduler, Seq, simulate
+from servingplan.sim import llamacpp_slots
 from servingplan.sim.simulator import steps_to_reach
 
 # A per-batch decode table that rises and dips as on a CPU (interpolated at 4, extrapolated from 6 up),
@@ -44,7 +45,13 @@ def reference_replay(trace, cost, policy, cap, chunk_size=512, kv_blocks=None, b
                          ("tokens", sum(s.kv_tokens for s in sched.running))):
             peaks[key] = max(peaks[key], now)
         ctx = [s.decode_context for s in step.decodes]
-        t += cost.step_time(len(ctx), sum(ctx), step.prefill_calls(), max(ctx, default=0))
+        if step.slots:   # llama-server's micro-batches (tests/test_llamacpp_policy.py prices them by hand)
+            decode_slots, prefill_slots = step.slots
+            t += llamacpp_slots.step_time(cost, list(zip(decode_slots, ctx)),
+                                          [(slot, n, seq.prefilled) for slot, (seq, n) in zip(prefill_slots, step.prefills)],
+                                          min(llamacpp_slots.DEFAULT_N_UBATCH, chunk_size))
+        else:
+            t += cost.step_time(len(ctx), sum(ctx), step.prefill_calls(), max(ctx, default=0))
         emitted, _ = sched.complete(step)
         for seq in emitted:
             times[seq.id].append(t)

@@ -322,9 +322,10 @@ def test_the_replay_job_lists_what_it_imports_and_nothing_of_the_comparison():
     assert not replay & {"validation.py", "capacity.py", "metrics.py", "serving/replay.py"}
     listed = rule_sources("REPLAY_SOURCES =", "rule validate_replay:")
     # every module the replay loads is an input of its rule, but the simulator's SimResult (left out on purpose)
-    assert replay - {"__init__.py", "sim/__init__.py", "sim/simulator.py"} <= listed
+    # and the llama-server pricing the simulator imports (the engine serves no llamacpp policy)
+    simulator = {"__init__.py", "sim/__init__.py", "sim/simulator.py", "sim/llamacpp_slots.py"}
+    assert replay - simulator <= listed
     probe = imported_package_files("servingplan.serving.memory_probe, servingplan.profiling.model, "
                                    "servingplan.profiling.machine, servingplan.pipeline, servingplan.io")
     assert "serving/engine.py" not in probe
-    assert probe - {"__init__.py", "sim/__init__.py", "sim/simulator.py"} <= rule_sources("REPLAY_SOURCES =",
-                                                                                          "rule serving_memory_cell:")
+    assert probe - simulator <= rule_sources("REPLAY_SOURCES =", "rule serving_memory_cell:")

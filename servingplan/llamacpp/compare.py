@@ -59,11 +59,11 @@ def calls(costs: dict, cap: int, prompt: float, context: float) -> list[dict]:
 
 
 def serving(cost, policy: str, cap: int, chunk: int, workload: dict, slo: dict, sweep: dict, seed: int,
-            budget: str) -> dict:
+            budget: str, n_ubatch: int | None = None) -> dict:
     """The workload at today's rate on one engine's cost model and scheduler: its TTFT percentile of the SLO
     and mean TPOT (each the mean over SEEDS draws), None where a run did not keep up."""
     runs = [simulate(generate(workload, seed + i), cost, policy, cap, chunk, horizon_factor=sweep["horizon_factor"],
-                     chunk_budget=budget) for i in range(SEEDS)]
+                     chunk_budget=budget, n_ubatch=n_ubatch) for i in range(SEEDS)]
     kept_up = all(run.stable for run in runs)
     ttft, tpot = [], []
     for run in runs:
@@ -110,7 +110,7 @@ def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_vali
     served = {"torch": serving(torch_cost, validation["policy"], cap, sweep["chunk_size"], workload, slo, sweep, seed,
                                chunk_budget(sweep)),
               "llamacpp": serving(llama_cost, "llamacpp", cap, int(llamacpp["n_batch"]), workload, slo, sweep, seed,
-                                  chunk_budget(sweep))}
+                                  chunk_budget(sweep), int(llamacpp["n_ubatch"]))}
     gaps = {"torch": torch_gaps(torch_validation), "llamacpp": llama_gaps(llama_validation)}
 
     def score(name):

@@ -28,6 +28,7 @@ import pandas as pd
 from servingplan.llamacpp.server_log import check_rule, read_steps
 from servingplan.pipeline import terminal
 from servingplan.serving.replay import compare
+from servingplan.sim.llamacpp_slots import micro_batches, step_time
 from servingplan.sim.simulator import SimResult
 from servingplan.validation import MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreement, direction
 from servingplan.workload import Trace
@@ -127,18 +128,21 @@ def measured_result(run: dict) -> SimResult:
 
 
 def step_table(run: dict, cost) -> pd.DataFrame:
-    """One row per logged step: its decode batch, KV read, prompt tokens, measured and predicted time."""
+    """One row per logged step: its decode batch, KV read, prompt tokens, how many micro-batches the server
+    cut it into (llamacpp_slots.micro_batches, from the slots it held), measured and predicted time (priced
+    over those micro-batches, as the simulator prices its steps)."""
     rows = []
     for step in run["steps"]:
-        contexts = [context for _, context in step["decodes"]]
-        calls = [(tokens, cached) for _, tokens, cached in step["prefills"]]
-        predicted = cost.step_time(len(contexts), float(sum(contexts)), calls, float(max(contexts, default=0)))
-        rows.append({"run": run["name"], "batch": len(contexts), "ctx_sum": int(sum(contexts)),
-                     "prompt_tokens": int(sum(t for t, _ in calls)), "n_prefill_calls": len(calls),
-                     "tokens": len(contexts) + int(sum(t for t, _ in calls)),
-                     "duration_s": step["duration_s"], "predicted_s": predicted})
+        decodes = [(slot, context) for slot, context in step["decodes"]]
+        chunks = [(slot, tokens, cached) for slot, tokens, cached in step["prefills"]]
+        prompt = int(sum(tokens for _, tokens, _ in chunks))
+        rows.append({"run": run["name"], "batch": len(decodes), "ctx_sum": int(sum(c for _, c in decodes)),
+                     "prompt_tokens": prompt, "n_prefill_calls": len(chunks), "tokens": len(decodes) + prompt,
+                     "micro_batches": len(micro_batches(decodes, chunks, run["n_ubatch"])),
+                     "duration_s": step["duration_s"],
+                     "predicted_s": step_time(cost, decodes, chunks, run["n_ubatch"])})
     frame = pd.DataFrame(rows, columns=["run", "batch", "ctx_sum", "prompt_tokens", "n_prefill_calls", "tokens",
-                                        "duration_s", "predicted_s"])
+                                        "micro_batches", "duration_s", "predicted_s"])
     frame["error_pct"] = 100.0 * (frame["predicted_s"] - frame["duration_s"]) / frame["duration_s"]
     return frame
 
@@ -171,7 +175,7 @@ def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict
         trace = Trace(np.array(run["trace"]["arrival_s"], float), np.array(run["trace"]["prompt_tokens"], np.int64),
                       np.array(run["trace"]["output_tokens"], np.int64))
         measured = measured_result(run)
-        simulated = simulate_run(trace, cost, cap, run["n_batch"], blocks, memory, sweep)
+        simulated = simulate_run(trace, cost, cap, run["n_batch"], run["n_ubatch"], blocks, memory, sweep)
         label = {"run": run["name"], "load_fraction": run["load_fraction"], "rate": run["rate"],
                  "n_batch": run["n_batch"]}
         tables.append(compare(measured, simulated).assign(**label))
@@ -189,9 +193,11 @@ def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict
                      "headline": headline(comparison, validation), "steps_by_kind": by_kind.to_dict("records")}}
 
 
-def simulate_run(trace: Trace, cost, cap: int, n_batch: int, blocks: int, memory: dict, sweep: dict) -> SimResult:
+def simulate_run(trace: Trace, cost, cap: int, n_batch: int, n_ubatch: int, blocks: int, memory: dict,
+                 sweep: dict) -> SimResult:
     from servingplan.sim import simulate
-    return simulate(trace, cost, POLICY, cap, n_batch, blocks, memory["block_size"], sweep["horizon_factor"])
+    return simulate(trace, cost, POLICY, cap, n_batch, blocks, memory["block_size"], sweep["horizon_factor"],
+                    n_ubatch=n_ubatch)
 
 
 def headline(comparison: pd.DataFrame, validation: dict) -> dict:

@@ -15,8 +15,15 @@ llama-cpp-python 0.3.36; tools/server/server-context.cpp), so the simulator pred
   one sampled token, in slot order; then prompt tokens of slots still processing their prompt fill the
   batch up to `n_batch` (`chunk_size` here; it counts the decode tokens too), in slot order, so a prompt
   is split across iterations. The iteration that adds a prompt's last token samples its first output
-  token. llama_decode cuts the batch into micro-batches of `n_ubatch` tokens: a cost-model matter, not
-  a scheduling one (`ubatches`).
+  token.
+- llama_decode cuts the batch into micro-batches, each one pass over the weights (`micro_batches`, from
+  llama_batch_allocr::split_equal, which a KV cache per slot runs "sequential": src/llama-batch.cpp and
+  src/llama-kv-cache.cpp). A micro-batch takes sequences whose slot ids run consecutively, in the batch's
+  order, and as many tokens from each, at most `n_ubatch` in all. So decodes in slots 0, 1 and 5 are two
+  passes, {0, 1} and {5}: at a load that leaves slots idle between busy ones, a step of B decodes costs
+  several smaller steps (measured on this machine's replays: decode steps of batch 2 to 7 ran 15-40%
+  longer than one batch of B). `step_time` prices an iteration that way; the Scheduler plans it (the
+  slots of its decodes and prompt chunks are on the Step).
 - KV is held per slot, so nothing is preempted: a request reserves its whole context (prompt + output)
   when it takes a slot, and one that could never fit is refused at arrival.
 
@@ -90,20 +97,68 @@ def schedule(sched, step) -> None:
     sched.waiting.extend(s for s in deferred + fresh if id(s) not in taken)
     slots.deferred = set(map(id, sched.waiting))
     # 3. every generating slot adds one token, in slot order
-    held = [s for s in slots.seq if s is not None]
-    step.decodes = [s for s in held if s.prefilled >= s.prefill_target]
+    held = [(i, s) for i, s in enumerate(slots.seq) if s is not None]
+    generating = [(i, s) for i, s in held if s.prefilled >= s.prefill_target]
+    step.decodes = [s for _, s in generating]
     # 4. prompt tokens fill the batch up to n_batch, in slot order
     budget = sched.chunk_size - len(step.decodes)
-    for seq in held:
+    prompting = []
+    for i, seq in held:
         if budget <= 0:
             break
         if seq.prefilled < seq.prefill_target:
             n = min(seq.prefill_target - seq.prefilled, budget)
             step.prefills.append((seq, n))
+            prompting.append(i)
             budget -= n
+    step.slots = ([i for i, _ in generating], prompting)
 
 
-def ubatches(tokens: int, n_ubatch: int) -> list[int]:
-    """The micro-batches llama_decode runs for a batch of `tokens` tokens."""
-    full, rest = divmod(tokens, n_ubatch)
-    return [n_ubatch] * full + ([rest] if rest else [])
+# llama-server's default -ub; a context takes min(n_ubatch, n_batch) (llama_context's constructor)
+DEFAULT_N_UBATCH = 512
+
+
+def micro_batches(decodes, prefills, n_ubatch: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """The micro-batches of one iteration, as llama_batch_allocr::split_equal(n_ubatch, sequential) cuts
+    its batch: `decodes` (slot, context) of each decode token, in slot order, then `prefills` (slot,
+    tokens, cached) of each prompt chunk, in slot order (the batch's order). Each micro-batch takes, in
+    that order, every sequence with tokens left whose slot is one above the last taken, then the same
+    number of tokens from each: while every one has another and (tokens + 1) x sequences stays within
+    n_ubatch. Returns (tokens per sequence, [(slot, entries it held before them)]) per micro-batch; a
+    decode token's context counts the token itself, so it held context - 1."""
+    # [slot, tokens left, entries held]
+    seqs = [[slot, 1, context - 1] for slot, context in decodes] + [[slot, tokens, cached]
+                                                                     for slot, tokens, cached in prefills]
+    out = []
+    while True:
+        taken: list = []
+        for seq in seqs:
+            if seq[1] and (not taken or seq[0] == taken[-1][0] + 1):
+                taken.append(seq)
+                if len(taken) > n_ubatch:
+                    break
+        if not taken:
+            return out
+        tokens = 0
+        while all(seq[1] > tokens for seq in taken):
+            tokens += 1
+            if (tokens + 1) * len(taken) > n_ubatch:
+                break
+        out.append((tokens, [(seq[0], seq[2]) for seq in taken]))
+        for seq in taken:
+            seq[1] -= tokens
+            seq[2] += tokens
+
+
+def step_time(cost, decodes, prefills, n_ubatch: int) -> float:
+    """One iteration's time on `cost`, summed over its micro-batches (arguments as micro_batches): one of a
+    token per sequence is a decode step of that many sequences (a prompt's token in it reads its cached
+    entries and itself), one of more is a prefill call per sequence."""
+    total = 0.0
+    for tokens, members in micro_batches(decodes, prefills, n_ubatch):
+        if tokens == 1:
+            contexts = [held + 1 for _, held in members]
+            total += cost.decode_time(len(contexts), sum(contexts), max(contexts))
+        else:
+            total += sum(cost.prefill_time(tokens, held) for _, held in members)
+    return total

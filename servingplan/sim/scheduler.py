@@ -60,6 +60,8 @@ class Step:
     decodes: list = field(default_factory=list)    # Seq
     preempted: list = field(default_factory=list)  # Seq, evicted while planning this step
     admitted: list = field(default_factory=list)   # Seq, moved from waiting to running this step
+    # llamacpp: (slot of each decode, slot of each prefill), which its micro-batches follow (llamacpp_slots)
+    slots: tuple = ()
 
     @property
     def empty(self) -> bool:

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servingplan.costmodel import CostModel
+from servingplan.sim import llamacpp_slots
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 from servingplan.sim.steps import StepRecorder
@@ -200,8 +201,10 @@ class Replica:
 
     def __init__(self, cost: CostModel, policy: str, max_num_seqs: int, chunk_size: int,
                  kv_blocks: int | None, block_size: int, timeline: Timeline, recorder: StepRecorder | None = None,
-                 chunk_budget: str = DEFAULT_CHUNK_BUDGET):
+                 chunk_budget: str = DEFAULT_CHUNK_BUDGET, n_ubatch: int | None = None):
         self.cost = cost
+        # the llamacpp policy's micro-batch size (llama-server's -ub, at most its -b, chunk_size)
+        self.n_ubatch = min(n_ubatch or llamacpp_slots.DEFAULT_N_UBATCH, chunk_size)
         self.recorder = recorder
         self.sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size), chunk_budget)
         self.timeline = timeline
@@ -280,8 +283,13 @@ class Replica:
             ctx = [s.prompt_len + s.generated for s in decodes]
             ctx_sum, ctx_max = sum(ctx), max(ctx)
         else:
-            ctx_sum = ctx_max = 0
-        d0 = self.cost.step_time(batch, ctx_sum, step.prefill_calls() if prefills else (), ctx_max)
+            ctx, ctx_sum, ctx_max = [], 0, 0
+        if step.slots:
+            # llama-server: one pass per micro-batch. A run of decode-only steps keeps its micro-batches,
+            # each reading one more entry per sequence a step, so the run grows by dd as any other does.
+            d0 = self._micro_batched(step, ctx, prefills)
+        else:
+            d0 = self.cost.step_time(batch, ctx_sum, step.prefill_calls() if prefills else (), ctx_max)
         k, dd = 1, 0.0
         if batch and not prefills:
             dd = self.cost.decode_per_ctx_token_s * batch
@@ -313,7 +321,9 @@ class Replica:
         self.steps += k
         emitted, finished = sched.complete(step)
         if self.recorder is not None:
-            self._record(step, start, k, d0, dd, batch, ctx_sum, ctx_max, len(emitted))
+            decode_s = (self._micro_batched(step, ctx, ()) if step.slots
+                        else self.cost.decode_time(batch, ctx_sum, ctx_max))
+            self._record(step, start, k, d0, dd, batch, ctx_sum, ctx_max, decode_s, len(emitted))
         # a first token only ever comes from a prefill
         for seq, _ in prefills:
             if seq.generated and math.isnan(tl.first[seq.id]):
@@ -330,10 +340,17 @@ class Replica:
         return True
 
 
-    def _record(self, step, start, k, d0, dd, batch, ctx_sum, ctx_max, emitted) -> None:
+    def _micro_batched(self, step, ctx: list, prefills) -> float:
+        """A llamacpp step's time over its micro-batches (llamacpp_slots.step_time); `prefills` empty
+        prices its decodes alone."""
+        decode_slots, prefill_slots = step.slots
+        chunks = [(slot, n, seq.prefilled) for slot, (seq, n) in zip(prefill_slots, prefills)]
+        return llamacpp_slots.step_time(self.cost, list(zip(decode_slots, ctx)), chunks, self.n_ubatch)
+
+    def _record(self, step, start, k, d0, dd, batch, ctx_sum, ctx_max, decode_s, emitted) -> None:
         """The step as rows: a run of k identical decode steps unrolled, the j-th starting after j steps
-        and reading j more KV entries per sequence (the fast-forward's own closed form)."""
-        decode_s = self.cost.decode_time(batch, ctx_sum, ctx_max)
+        and reading j more KV entries per sequence (the fast-forward's own closed form). `decode_s` is the
+        first step's decode part."""
         calls = step.prefill_calls() if step.prefills else []
         for j in range(k):
             duration = d0 + j * dd
@@ -443,13 +460,14 @@ def simulate(trace: Trace, cost: CostModel, policy: str, max_num_seqs: int, chun
              kv_blocks: int | None = None, block_size: int = 16, horizon_factor: float = 20.0,
              record_tokens: bool = False, record_steps: bool = False,
              chunk_budget: str = DEFAULT_CHUNK_BUDGET, stop_when_unstable: bool = False,
-             stop_when_missed: list[MissLimit] | None = None) -> SimResult:
+             stop_when_missed: list[MissLimit] | None = None, n_ubatch: int | None = None) -> SimResult:
     """Serve `trace` on one replica; with `record_steps`, every engine step is a row of `step_table`;
     with `stop_when_unstable`, stop as soon as the run is settled unstable (see run_replicas); with
     `stop_when_missed`, as soon as every one of those verdicts is settled failing (sim.misses).
-    `chunk_budget` says what `chunk_size` counts (servingplan.sim.policies.CHUNK_BUDGETS)."""
+    `chunk_budget` says what `chunk_size` counts (servingplan.sim.policies.CHUNK_BUDGETS); `n_ubatch` is the
+    llamacpp policy's micro-batch size (llama-server's -ub; default its default, at most chunk_size, its -b)."""
     timeline = Timeline(len(trace), record_tokens, miss_watch(trace, stop_when_missed))
     replica = Replica(cost, policy, max_num_seqs, chunk_size, kv_blocks, block_size, timeline,
-                      StepRecorder() if record_steps else None, chunk_budget)
+                      StepRecorder() if record_steps else None, chunk_budget, n_ubatch)
     return run_replicas(trace, [replica], lambda replicas, seq: 0, horizon_factor, policy, max_num_seqs,
                         chunk_size, stop_when_unstable)
