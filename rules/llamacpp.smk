@@ -92,11 +92,14 @@ rule llamacpp_validate_replay:
     input:
         gguf=rules.llamacpp_gguf.output.gguf,
         costmodel=rules.llamacpp_fit.output.costmodel,
+        # the profile's points and settings: right after each run its served shapes are re-timed as profiled
+        points=rules.llamacpp_profile.output.points,
+        profile=rules.llamacpp_profile.output.machine,
         built=LLAMACPP_BUILT,
         trace=TRACE_FILE,
         code=sources("llamacpp/validation.py", "llamacpp/server.py", "llamacpp/client.py", "llamacpp/server_log.py",
-                     "llamacpp/build.py", "validation_replay.py", "workload.py", "costmodel.py", "io.py",
-                     "pipeline.py"),
+                     "llamacpp/build.py", "llamacpp/profile.py", "validation_replay.py", "workload.py", "costmodel.py",
+                     "io.py", "pipeline.py"),
     output:
         replay=f"{LLAMACPP_DIR}/validation/replay.json",
     params:

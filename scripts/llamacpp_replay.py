@@ -38,7 +38,8 @@ def simulated(trace, args) -> dict:
     from servingplan.costmodel import CostModel
     from servingplan.sim import simulate
     cost = CostModel.from_dict(json.loads(Path(args.costmodel).read_text()))
-    result = simulate(trace, cost, "llamacpp", args.np, chunk_size=args.n_batch, record_tokens=True)
+    result = simulate(trace, cost, "llamacpp", args.np, chunk_size=args.n_batch, record_tokens=True,
+                      n_ubatch=args.n_ubatch)
     return metrics.summarize(result)
 
 

@@ -243,13 +243,14 @@ def nearest(values, target: float) -> int:
 
 
 class ShapeRetimer:
-    """Re-times the profile's own grid points at the shapes the engine serves: a decode step of batch B
+    """Re-times the profile's own grid points at the shapes an engine serves: a decode step of batch B
     whose longest sequence holds c entries is matched by the profile's decode point of batch B (when the
     profile has that batch) at the profiled context nearest c; a fresh prefill call of n tokens by the
-    prefill point of the nearest profiled length. Each reading (median of RETIME_REPEATS calls after
-    RETIME_WARMUP) is set against the point's profiled time: ratio above one, the point runs slower now."""
+    prefill point of the nearest profiled length. Each reading (`time_point`: the project's engine times
+    the point's call, TorchRetimer; llama.cpp's replay runs the tool that profiled it) is set against the
+    point's profiled time: ratio above one, the point runs slower now."""
 
-    def __init__(self, model, profile_meta: dict, profile_points: pd.DataFrame, cap: int, seed: int):
+    def __init__(self, profile_points: pd.DataFrame, cap: int):
         points = profile_points[((profile_points["kind"] == "decode") & (profile_points["batch"] <= cap))
                                 | (profile_points["kind"] == "prefill")]
         self.profiled = {GridPoint(row.kind, int(row.batch), int(row.prompt_len), int(row.cached)): float(row.median_s)
@@ -257,12 +258,13 @@ class ShapeRetimer:
         self.decode_batches = sorted({p.batch for p in self.profiled if p.kind == "decode"})
         self.decode_contexts = sorted({p.cached for p in self.profiled if p.kind == "decode"})
         self.prefill_lengths = sorted({p.prompt_len for p in self.profiled if p.kind == "prefill"})
-        generator = torch.Generator().manual_seed(seed + 17)
-        pool = pool_for(model.config, list(self.profiled), generator, model_device(model)) if self.profiled else None
-        self.calls = {point: point_call(model, pool, point, generator) for point in self.profiled}
         self.started = time.perf_counter()
         self.slowest = 1.0
         self.rows: list[dict] = []
+
+    def time_point(self, point: GridPoint) -> tuple[float, float]:
+        """(seconds since the re-timer started when the reading ended, the reading in seconds)."""
+        raise NotImplementedError
 
     def matches(self, steps) -> dict[GridPoint, int]:
         """{matched profile point: how many of `steps` (step rows) it matches}."""
@@ -281,12 +283,10 @@ class ShapeRetimer:
         return self.profiled[point] * self.slowest * (RETIME_WARMUP + RETIME_REPEATS)
 
     def retime(self, point: GridPoint, label: str) -> None:
-        with torch.inference_mode():
-            timed = time_call(self.calls[point], RETIME_WARMUP, RETIME_REPEATS, self.started)
-        seconds = float(np.median([s for _, s, _ in timed]))
+        t_s, seconds = self.time_point(point)
         ratio = seconds / self.profiled[point]
         self.slowest = max(self.slowest, ratio)
-        self.rows.append({"label": label, "t_s": float(timed[-1][0]), "kind": point.kind, "batch": point.batch,
+        self.rows.append({"label": label, "t_s": t_s, "kind": point.kind, "batch": point.batch,
                           "prompt_len": point.prompt_len, "cached": point.cached, "seconds": seconds,
                           "profiled_s": self.profiled[point], "ratio": ratio})
 
@@ -325,6 +325,23 @@ class ShapeRetimer:
         for point in sorted(served, key=lambda p: (-served[p], p.kind, p.batch, p.cached)):
             best.setdefault((point.kind, point.batch), point)
         return [point for kind, point in sorted(best.items()) if kind not in covered]
+
+
+class TorchRetimer(ShapeRetimer):
+    """ShapeRetimer on the project's engine: each point's call on a KV pool of the profile's geometry, timed
+    with the profiler's estimator (the median of RETIME_REPEATS calls after RETIME_WARMUP)."""
+
+    def __init__(self, model, profile_points: pd.DataFrame, cap: int, seed: int):
+        super().__init__(profile_points, cap)
+        generator = torch.Generator().manual_seed(seed + 17)
+        pool = pool_for(model.config, list(self.profiled), generator, model_device(model)) if self.profiled else None
+        self.calls = {point: point_call(model, pool, point, generator) for point in self.profiled}
+        self.started = time.perf_counter()   # its readings' clock starts once the calls are built
+
+    def time_point(self, point: GridPoint) -> tuple[float, float]:
+        with torch.inference_mode():
+            timed = time_call(self.calls[point], RETIME_WARMUP, RETIME_REPEATS, self.started)
+        return float(timed[-1][0]), float(np.median([s for _, s, _ in timed]))
 
 
 class Budget:
@@ -382,7 +399,7 @@ def run_replay(model, cost, machine: dict, profile_points: pd.DataFrame, workloa
     stage = {"setup_s": 0.0, "probes_s": 0.0, "traces_s": 0.0, "catch_up_s": 0.0, "path_check_after_s": 0.0}
     started = time.monotonic()
     probe = SpeedProbe(model, machine, seed)
-    retimer = ShapeRetimer(model, machine, profile_points, cap, seed)
+    retimer = TorchRetimer(model, profile_points, cap, seed)
     checker = PathCheck(model, machine, profile_points, seed, threads=threads)
     engine = Engine(model, policy, cap, chunk, blocks, memory["block_size"], threads, chunk_budget(sweep))
     stage["setup_s"] = time.monotonic() - started

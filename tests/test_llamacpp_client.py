@@ -170,6 +170,11 @@ def test_the_replay_script_simulates_the_same_trace_under_the_llamacpp_policy(tm
     spec.loader.exec_module(replay)
     (tmp_path / "cm.json").write_text(json.dumps(growing_cost.to_dict()))
     args = argparse.Namespace(requests=20, rate=2.0, seed=0, prompt_min=None, prompt_max=None, output_len=None,
-                              costmodel=tmp_path / "cm.json", np=4, n_batch=64)
+                              costmodel=tmp_path / "cm.json", np=4, n_batch=64, n_ubatch=32)
     summary = replay.simulated(replay.make_trace(args), args)
     assert summary["num_requests"] == 20 and summary["finished"] == 20 and summary["ttft_ms_p50"] > 0
+    # the server's -b and -ub: its batch and its micro-batches
+    from servingplan import metrics
+    from servingplan.sim import simulate
+    assert summary == metrics.summarize(simulate(replay.make_trace(args), growing_cost, "llamacpp", 4, chunk_size=64,
+                                                 record_tokens=True, n_ubatch=32))

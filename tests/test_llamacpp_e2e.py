@@ -78,7 +78,7 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
     back, and the `llamacpp` policy's simulation compared with them. Asserts what was served and read, never
     how fast."""
     from servingplan.llamacpp.profile import run_llamacpp_profile
-    from servingplan.llamacpp.validation import run_llamacpp_comparison, run_llamacpp_replay
+    from servingplan.llamacpp.validation import READINGS_PER_KIND, run_llamacpp_comparison, run_llamacpp_replay
     from servingplan.profiling.fit import fit_profile
 
     grid = {"warmup": 1, "rounds": 2, "repeats": 2, "reference_interval_s": 1.0, "reference_decode": [2, 32],
@@ -95,8 +95,8 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
     # the tiny model serves hundreds of requests a second: a short trace, never fewer than min_requests
     validation = {"rates_fraction": [0.5], "trace_seconds": 0.02, "min_requests": 6, "cap": 2, "max_wall_s": 120,
                   "goal_pct": 10}
-    replayed = run_llamacpp_replay(tiny_gguf, cost, workload, validation, engine, {"max_context": 128}, 0,
-                                   tmp_path / "logs", tiny=True)
+    replayed = run_llamacpp_replay(tiny_gguf, cost, profile.points, profile.meta, workload, validation, engine,
+                                   {"max_context": 128}, 0, tmp_path / "logs", tiny=True)
     runs = replayed["runs"]
     assert [run["n_batch"] for run in runs] == [128, 24]
     for run in runs:
@@ -110,10 +110,24 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
     assert not any(cached for step in runs[0]["steps"] for _, _, cached in step["prefills"])
     assert any(cached for step in runs[1]["steps"] for _, _, cached in step["prefills"])   # -b 24 splits prompts
 
+    # right after each run, each kind of step it served was re-timed with the tool, READINGS_PER_KIND times
+    for run in runs:
+        readings = [row for row in replayed["retimed"] if row["label"] == f"run {run['number']}"]
+        assert readings and all(row["seconds"] > 0 and row["profiled_s"] > 0 for row in readings)
+        kinds = {(row["kind"], row["batch"]) for row in readings}
+        assert len(readings) == READINGS_PER_KIND * len(kinds)
+
     out = run_llamacpp_comparison(replayed, cost, validation, {"block_size": 16}, {"horizon_factor": 20.0})
-    judged = out["meta"]["headline"]["rows"]
-    assert {(row["run"], row["metric"]) for row in judged} == {(run["name"], metric) for run in runs
-                                                               for metric in ("ttft", "tpot")}
-    assert all(row["measured_lo_ms"] <= row["measured_ms"] <= row["measured_hi_ms"] for row in judged)
+    headline = out["meta"]["headline"]
+    assert headline["met"] == headline["corrected"]["met"]
+    for model in ("as_fitted", "corrected"):
+        judged = headline[model]["rows"]
+        assert {(row["run"], row["metric"]) for row in judged} == {(run["name"], metric) for run in runs
+                                                                   for metric in ("ttft", "tpot")}
+        assert all(row["measured_lo_ms"] <= row["measured_ms"] <= row["measured_hi_ms"] for row in judged)
+    # a correction applied only where the evidence and the server's own steps read the same way
+    for row in out["meta"]["corrections"]:
+        if row["status"] == "applied":
+            assert (row["evidence_ratio"] - 1) * (row["engine_ratio"] - 1) > 0
     assert len(out["steps"]) == sum(len(run["steps"]) for run in runs)
     assert (out["steps"]["predicted_s"] > 0).all()

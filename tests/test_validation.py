@@ -15,7 +15,7 @@ from servingplan.serving.replay import bootstrap_interval
 from servingplan.replay_file import result_from_json, result_to_json
 from servingplan.validation import (agreement, corrected_cost, corrected_times, corrections, findings, headline,
                                     steps_by_batch)
-from servingplan.validation_replay import (Budget, PathCheck, ShapeRetimer, SpeedProbe, expected_max, service_rate_rps,
+from servingplan.validation_replay import (Budget, PathCheck, SpeedProbe, TorchRetimer, expected_max, service_rate_rps,
                                            validation_traces)
 from servingplan.workload import Trace
 
@@ -229,7 +229,7 @@ def tiny_points(settings):
 
 def test_the_retimer_matches_served_shapes_and_uses_only_gaps_it_fits_in(model):
     meta = profile_meta()
-    retimer = ShapeRetimer(model, meta, tiny_points(meta["settings"]), cap=2, seed=0)
+    retimer = TorchRetimer(model, tiny_points(meta["settings"]), cap=2, seed=0)
     served = [{"batch": 2, "ctx_max": 60, "prefill_calls": [(30, 0), (8, 16)]}, {"batch": 3, "ctx_max": 10,
                                                                                   "prefill_calls": []}]
     matched = retimer.matches(served)

@@ -84,14 +84,15 @@ def torch_gaps(meta: dict) -> dict:
 
 
 def llama_gaps(meta: dict) -> dict:
-    rows = meta["headline"]["rows"]
+    fitted = meta["headline"]["as_fitted"]
+    rows = fitted["rows"]
 
     def worst(metric):
         values = [abs(row["diff_pct"]) for row in rows if row["metric"] == metric and row["diff_pct"] is not None]
         return max(values) if values else None
 
     return {"ttft_p90_worst_pct": worst("ttft"), "tpot_mean_worst_pct": worst("tpot"),
-            "met": bool(meta["headline"]["met"])}
+            "met": bool(fitted["met"])}
 
 
 def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_validation: dict, workload: dict,

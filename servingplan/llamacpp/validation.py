@@ -1,15 +1,21 @@
 """Validate the simulator against a real llama-server, in two jobs as for the torch engine
 (servingplan.validation_replay, servingplan.validation):
 
-    run_llamacpp_replay(gguf, cost, workload, validation, llamacpp_cfg, memory, seed, log_dir) -> dict
+    run_llamacpp_replay(gguf, cost, profile_points, profile_meta, workload, validation, llamacpp_cfg, memory,
+                        seed, log_dir) -> dict
         serve the torch validation's Poisson traces (validation_replay.validation_traces, at the load
         fractions of validation.rates_fraction of the llama.cpp cost model's service rate) in real time
         against llama-server over HTTP with the streaming client, one fresh server per trace; and the
         lowest load once more at llamacpp.split_n_batch, a batch small enough to split prompts. Each
-        run keeps the server's own step log, read into steps (servingplan.llamacpp.server_log).
+        run keeps the server's own step log, read into steps (servingplan.llamacpp.server_log). Right
+        after each run, with the server stopped, the profile's own points at the shapes it served are
+        re-timed with the tool that profiled them (BenchRetimer): the evidence of how fast the machine
+        ran those shapes then.
     run_llamacpp_comparison(replayed, cost, validation, memory, sweep) -> dict
-        simulate every served trace under the `llamacpp` policy on the llama.cpp cost model and set the
-        requests (p90 TTFT, mean TPOT, ..., with the torch validation's bootstrap intervals:
+        simulate every served trace under the `llamacpp` policy on the llama.cpp cost model, as fitted
+        and as corrected by that evidence (servingplan.validation.corrections, the torch validation's
+        rule: a kind of step is corrected only where the server's own steps of that kind agree with it),
+        and set the requests (p90 TTFT, mean TPOT, ..., with the torch validation's bootstrap intervals:
         servingplan.serving.replay.compare; its goal: servingplan.validation.agreement) and the steps
         (each logged step's time against the cost model's time for what it held) side by side.
 
@@ -30,10 +36,15 @@ from servingplan.pipeline import terminal
 from servingplan.serving.replay import compare
 from servingplan.sim.llamacpp_slots import micro_batches, step_time
 from servingplan.sim.simulator import SimResult
-from servingplan.validation import MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreement, direction
+from servingplan.validation import (MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreement, corrected_cost, corrections,
+                                    direction)
 from servingplan.workload import Trace
 
 POLICY = "llamacpp"
+# readings of each kind of step a run served, re-timed right after it (each a llama-batched-bench run)
+READINGS_PER_KIND = 2
+# the cost model each run is simulated on: as fitted, and as corrected by the shape-matched evidence
+MODELS = ("as_fitted", "corrected")
 
 
 def say(message: str) -> None:
@@ -59,8 +70,33 @@ def planned_runs(workload: dict, validation: dict, llamacpp_cfg: dict, reference
     return runs
 
 
-def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_cfg: dict, memory: dict,
-                        seed: int, log_dir, tiny: bool = False) -> dict:
+def bench_retimer(profile_points: pd.DataFrame, profile_meta: dict, cap: int, gguf):
+    """validation_replay.ShapeRetimer whose reading of a point runs llama-batched-bench on it exactly as the
+    profile did (servingplan.llamacpp.profile.run_bench, with the profile's settings: threads, n_batch,
+    n_ubatch, warm-up and repeats): the median of the run's timed calls."""
+    import time
+
+    from servingplan.llamacpp import build
+    from servingplan.llamacpp.profile import run_bench
+    from servingplan.validation_replay import ShapeRetimer   # imports torch: the replay job alone needs it
+
+    class BenchRetimer(ShapeRetimer):
+        def time_point(self, point):
+            seconds = run_bench(point, profile_meta["settings"], Path(gguf), build.binary("llama-batched-bench"))
+            return time.perf_counter() - self.started, float(np.median(seconds))
+
+    return BenchRetimer(profile_points, cap)
+
+
+def served_shapes(steps) -> list[dict]:
+    """A run's logged steps in the form ShapeRetimer matches: decode batch, longest context, prompt chunks."""
+    return [{"batch": len(step.decodes), "ctx_max": max((context for _, context in step.decodes), default=0),
+             "prefill_calls": [(tokens, cached) for _, tokens, cached in step.prefills]} for step in steps]
+
+
+def run_llamacpp_replay(gguf, cost, profile_points: pd.DataFrame, profile_meta: dict, workload: dict,
+                        validation: dict, llamacpp_cfg: dict, memory: dict, seed: int, log_dir,
+                        tiny: bool = False) -> dict:
     from servingplan.architecture import GPT2_SMALL
     from servingplan.llamacpp.client import random_prompts, run_trace
     from servingplan.llamacpp.gguf_model import TINY_OVERRIDES
@@ -69,6 +105,7 @@ def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_c
     from servingplan.validation_replay import reference_rps
 
     cap = int(validation["cap"])
+    retimer = bench_retimer(profile_points, profile_meta, cap, gguf)
     vocab_size = (TINY_OVERRIDES if tiny else GPT2_SMALL)["vocab_size"]
     reference = reference_rps(cost, workload, cap, seed)
     say(f"load reference: the llama.cpp cost model serves {reference:.3g} req/s at cap {cap}")
@@ -91,6 +128,12 @@ def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_c
         failed = [r for r in results if not r.ok]
         if failed:
             say(f"run {number}: {len(failed)} of {len(results)} requests failed ({failed[0].error})")
+        # the evidence: each kind of step it served (decode at one batch size, fresh prompts), re-timed now
+        kinds = retimer.uncovered_kinds(served_shapes(steps), f"run {number}")
+        say(f"run {number}: re-timing {len(kinds)} profiled shapes it served, {READINGS_PER_KIND} readings each")
+        for _ in range(READINGS_PER_KIND):
+            for point in kinds:
+                retimer.retime(point, f"run {number}")
         served.append({
             "number": number, "name": run["name"], "load_fraction": run["load_fraction"], "rate": run["rate"],
             "n_batch": run["n_batch"], "n_ubatch": run["n_ubatch"],
@@ -105,7 +148,7 @@ def run_llamacpp_replay(gguf, cost, workload: dict, validation: dict, llamacpp_c
         })
     return {"settings": {"policy": POLICY, "max_num_seqs": cap, "threads": threads,
                          "ctx": server_context(validation, memory), "n_ubatch": int(llamacpp_cfg["n_ubatch"])},
-            "service_rate_rps": reference, "runs": served}
+            "service_rate_rps": reference, "runs": served, "retimed": retimer.rows}
 
 
 def measured_result(run: dict) -> SimResult:
@@ -127,10 +170,14 @@ def measured_result(run: dict) -> SimResult:
         meta={"errors": {i: r["error"] for i, r in enumerate(run["requests"]) if r["error"]}})
 
 
-def step_table(run: dict, cost) -> pd.DataFrame:
+def step_table(run: dict, cost, applied: list[dict] = ()) -> pd.DataFrame:
     """One row per logged step: its decode batch, KV read, prompt tokens, how many micro-batches the server
     cut it into (llamacpp_slots.micro_batches, from the slots it held), measured and predicted time (priced
-    over those micro-batches, as the simulator prices its steps)."""
+    over those micro-batches, as the simulator prices its steps), and with `applied` corrections
+    (servingplan.validation.corrections) the time on the cost model as corrected for its kind: decode terms
+    x its batch size's factor, prefill terms x the prefill factor."""
+    decode = {row["batch"]: row["applied_factor"] for row in applied if row["kind"] == "decode"}
+    prefill = next((row["applied_factor"] for row in applied if row["kind"] == "prefill"), 1.0)
     rows = []
     for step in run["steps"]:
         decodes = [(slot, context) for slot, context in step["decodes"]]
@@ -140,10 +187,13 @@ def step_table(run: dict, cost) -> pd.DataFrame:
                      "prompt_tokens": prompt, "n_prefill_calls": len(chunks), "tokens": len(decodes) + prompt,
                      "micro_batches": len(micro_batches(decodes, chunks, run["n_ubatch"])),
                      "duration_s": step["duration_s"],
-                     "predicted_s": step_time(cost, decodes, chunks, run["n_ubatch"])})
+                     "predicted_s": step_time(cost, decodes, chunks, run["n_ubatch"]),
+                     "corrected_s": step_time(cost.slowed(decode.get(len(decodes), 1.0), prefill), decodes, chunks,
+                                              run["n_ubatch"])})
     frame = pd.DataFrame(rows, columns=["run", "batch", "ctx_sum", "prompt_tokens", "n_prefill_calls", "tokens",
-                                        "micro_batches", "duration_s", "predicted_s"])
+                                        "micro_batches", "duration_s", "predicted_s", "corrected_s"])
     frame["error_pct"] = 100.0 * (frame["predicted_s"] - frame["duration_s"]) / frame["duration_s"]
+    frame["corrected_error_pct"] = 100.0 * (frame["corrected_s"] - frame["duration_s"]) / frame["duration_s"]
     return frame
 
 
@@ -158,39 +208,53 @@ def steps_by_kind(steps: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame({"steps": grouped.size(),
                           "measured_ms": grouped["duration_s"].median() * 1e3,
                           "predicted_ms": grouped["predicted_s"].median() * 1e3,
-                          "median_error_pct": grouped["error_pct"].median()}).reset_index()
+                          "median_error_pct": grouped["error_pct"].median(),
+                          "median_corrected_error_pct": grouped["corrected_error_pct"].median()}).reset_index()
     table["judged"] = table["steps"] >= MIN_STEPS_PER_BATCH
     table["within_goal"] = table["median_error_pct"].abs() <= STEP_GOAL_PCT
     return table
 
 
 def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict, sweep: dict) -> dict:
-    """Simulate each served run under the `llamacpp` policy and set it against the server (see the module
-    docstring): comparison (requests), steps, steps_by_kind and meta (the headline and findings)."""
+    """Simulate each served run under the `llamacpp` policy, on the cost model as fitted and as corrected
+    by the evidence re-timed right after it, and set it against the server (see the module docstring):
+    comparison (requests, a row per model), steps, steps_by_kind and meta (the headline, and the corrections:
+    one row per run and kind of step, applied or why not)."""
     settings = replayed["settings"]
     cap = settings["max_num_seqs"]
     blocks = settings["ctx"] // memory["block_size"]
-    tables, steps, runs = [], [], []
+    retimed = pd.DataFrame(replayed["retimed"], columns=["label", "t_s", "kind", "batch", "prompt_len", "cached",
+                                                         "seconds", "profiled_s", "ratio"])
+    tables, steps, runs, applied_all = [], [], [], []
     for run in replayed["runs"]:
         trace = Trace(np.array(run["trace"]["arrival_s"], float), np.array(run["trace"]["prompt_tokens"], np.int64),
                       np.array(run["trace"]["output_tokens"], np.int64))
         measured = measured_result(run)
-        simulated = simulate_run(trace, cost, cap, run["n_batch"], run["n_ubatch"], blocks, memory, sweep)
+        applied = corrections(step_table(run, cost), retimed, f"run {run['number']}")
+        corrected, decode_factor, prefill_factor = corrected_cost(cost, applied)
         label = {"run": run["name"], "load_fraction": run["load_fraction"], "rate": run["rate"],
                  "n_batch": run["n_batch"]}
-        tables.append(compare(measured, simulated).assign(**label))
-        steps.append(step_table(run, cost))
+        stable = {}
+        for name, model in zip(MODELS, (cost, corrected)):
+            simulated = simulate_run(trace, model, cap, run["n_batch"], run["n_ubatch"], blocks, memory, sweep)
+            tables.append(compare(measured, simulated).assign(**label, model=name))
+            stable[name] = bool(simulated.stable)
+        steps.append(step_table(run, cost, applied))
+        applied_all += [{**row, "run": run["name"]} for row in applied]
         runs.append({**label, "requests": len(trace), "finished": int(measured.finished.sum()),
-                     "simulated_stable": bool(simulated.stable), "batch_rule": run["batch_rule"],
+                     "simulated_stable": stable, "batch_rule": run["batch_rule"],
+                     "speed_ratio": {"decode": decode_factor, "prefill": prefill_factor},
                      "split_prompts": int(sum(1 for s in run["steps"] for _, _, cached in s["prefills"] if cached))})
     comparison = pd.concat(tables, ignore_index=True)
     comparison["agrees"] = agreement(comparison, validation["goal_pct"])
     all_steps = pd.concat(steps, ignore_index=True)
     by_kind = pd.concat([steps_by_kind(frame).assign(run=frame["run"].iloc[0]) for frame in steps if len(frame)],
                         ignore_index=True) if any(len(f) for f in steps) else pd.DataFrame()
+    corrections_table = pd.DataFrame(applied_all)
     return {"comparison": comparison, "steps": all_steps, "steps_by_kind": by_kind,
             "meta": {"policy": POLICY, **settings, "service_rate_rps": replayed["service_rate_rps"], "runs": runs,
-                     "headline": headline(comparison, validation), "steps_by_kind": by_kind.to_dict("records")}}
+                     "headline": headline(comparison, validation), "steps_by_kind": by_kind.to_dict("records"),
+                     "corrections": corrections_table.to_dict("records")}}
 
 
 def simulate_run(trace: Trace, cost, cap: int, n_batch: int, n_ubatch: int, blocks: int, memory: dict,
@@ -201,16 +265,23 @@ def simulate_run(trace: Trace, cost, cap: int, n_batch: int, n_ubatch: int, bloc
 
 
 def headline(comparison: pd.DataFrame, validation: dict) -> dict:
-    """Per run: p90 TTFT and mean TPOT measured (with the 90% interval), simulated, the gap and whether
-    it agrees (inside the interval or within validation.goal_pct), and the gaps' direction."""
-    judged = comparison[((comparison["metric"] == "ttft") & (comparison["stat"] == "p90"))
-                        | ((comparison["metric"] == "tpot") & (comparison["stat"] == "mean"))]
-    rows = [{key: (float(value) if isinstance(value, (float, np.floating)) else value)
-             for key, value in row.items()} for row in
-            judged[["run", "load_fraction", "n_batch", "metric", "stat", "n", "measured_ms", "measured_lo_ms",
-                    "measured_hi_ms", "simulated_ms", "diff_pct", "agrees"]].to_dict("records")]
-    return {"goal_pct": validation["goal_pct"], "rows": rows,
+    """Per cost model (as fitted, as corrected) and run: p90 TTFT and mean TPOT measured (with the 90%
+    interval), simulated, the gap and whether it agrees (inside the interval or within validation.goal_pct),
+    and the gaps' direction. The goal is judged on the corrected model, as the torch validation judges it:
+    the fit is what the profile measured, the correction what the machine ran at while the server served."""
+    out = {"goal_pct": validation["goal_pct"]}
+    for name in MODELS:
+        rows = comparison[comparison["model"] == name]
+        judged = rows[((rows["metric"] == "ttft") & (rows["stat"] == "p90"))
+                      | ((rows["metric"] == "tpot") & (rows["stat"] == "mean"))]
+        out[name] = {
+            "rows": [{key: (float(value) if isinstance(value, (float, np.floating)) else value)
+                      for key, value in row.items()} for row in
+                     judged[["run", "load_fraction", "n_batch", "metric", "stat", "n", "measured_ms", "measured_lo_ms",
+                             "measured_hi_ms", "simulated_ms", "diff_pct", "agrees"]].to_dict("records")],
             "agree": int(judged["agrees"].sum()), "judged": int(len(judged)),
             "met": bool(len(judged)) and bool(judged["agrees"].all()),
             "direction": {metric: direction(judged.loc[judged["metric"] == metric, "diff_pct"].tolist())
                           for metric in ("ttft", "tpot")}}
+    out["met"] = out["corrected"]["met"]
+    return out
