@@ -846,9 +846,14 @@ def test_the_engines_section_follows_validation_and_words_the_planners_compariso
     choice = engines["choice"]
     name = "llama.cpp (llama-server)" if choice["engine"] == "llamacpp" else "the project's engine"
     assert f"Serve with {name} on this machine" in section
-    # llama.cpp's simulator missed its mean TPOT by 22% against a goal of 15%: its validation goal is not met
-    assert engines["validation"]["llamacpp"] == {"ttft_p90_worst_pct": 7.5, "tpot_mean_worst_pct": 22.0, "met": False}
+    # llama.cpp's simulator missed its mean TPOT by 22% against a goal of 15% as fitted: its validation goal is
+    # not met there; once corrected for the machine's speed every figure agrees (llamacpp_validation_meta)
+    assert engines["validation"]["llamacpp"] == {"ttft_p90_worst_pct": 7.5, "tpot_mean_worst_pct": 22.0, "met": False,
+                                                 "met_corrected": True}
     assert "22%" in section
+    row = next(line for line in section.splitlines() if line.startswith("| llama.cpp (llama-server) |"))
+    assert row.rstrip(" |").endswith("| no | yes")
+    assert "Validation goal met once corrected for the machine's speed |" in section
     assert LEAKS.findall(section) == []
     for line in prose_lines(section):
         assert SNAKE_CASE.findall(line) == [], line

@@ -80,7 +80,8 @@ def serving(cost, policy: str, cap: int, chunk: int, workload: dict, slo: dict, 
 def torch_gaps(meta: dict) -> dict:
     fitted = meta["headline"]["as_fitted"]
     return {"ttft_p90_worst_pct": fitted["worst_abs_ttft_p90_diff_pct"],
-            "tpot_mean_worst_pct": fitted["worst_abs_tpot_mean_diff_pct"], "met": bool(fitted["met"])}
+            "tpot_mean_worst_pct": fitted["worst_abs_tpot_mean_diff_pct"], "met": bool(fitted["met"]),
+            "met_corrected": bool(meta["headline"]["met"])}
 
 
 def llama_gaps(meta: dict) -> dict:
@@ -92,7 +93,7 @@ def llama_gaps(meta: dict) -> dict:
         return max(values) if values else None
 
     return {"ttft_p90_worst_pct": worst("ttft"), "tpot_mean_worst_pct": worst("tpot"),
-            "met": bool(fitted["met"])}
+            "met": bool(fitted["met"]), "met_corrected": bool(meta["headline"]["corrected"]["met"])}
 
 
 def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_validation: dict, workload: dict,
