@@ -4,7 +4,10 @@
 # under results/llamacpp/. The build (`make llamacpp`) is outside results/: its stamp is an input, so a
 # run without it stops naming the missing file, and a rebuild reruns what it measured.
 # Like the torch measurements (MEASURING_FIRST, common.smk) each measuring job takes every core, runs
-# alone and locally: it measures this machine.
+# alone and locally: it measures this machine. One step below them in priority, so each engine's replay
+# follows its own profile: the project's engine's profile, fit and replay first, then llama.cpp's (in cold
+# runs 9 and 10, at equal priority, the llama.cpp profile ran between the torch profile and its replay:
+# 11 to 16 minutes apart on a machine whose speed moves within minutes).
 from servingplan.llamacpp import build as llamacpp_build
 
 localrules: llamacpp_gguf, llamacpp_profile, llamacpp_validate_replay
@@ -13,10 +16,11 @@ LLAMACPP_DIR = "results/llamacpp"
 LLAMACPP_BUILT = str(llamacpp_build.build_dir() / ".built")
 # what the GGUF depends on: the seed and whether the tiny model is served
 LLAMACPP_MODEL = {"seed": config["seed"], "tiny": config["model"].get("tiny", False)}
+LLAMACPP_MEASURING = MEASURING_FIRST - 1
 
 
 rule llamacpp_gguf:
-    priority: MEASURING_FIRST
+    priority: LLAMACPP_MEASURING
     input:
         built=LLAMACPP_BUILT,
         code=sources("llamacpp/gguf_model.py", "llamacpp/build.py", "profiling/model.py", "architecture.py"),
@@ -35,7 +39,7 @@ rule llamacpp_gguf:
 
 
 rule llamacpp_profile:
-    priority: MEASURING_FIRST
+    priority: LLAMACPP_MEASURING
     input:
         gguf=rules.llamacpp_gguf.output.gguf,
         built=LLAMACPP_BUILT,
@@ -64,7 +68,7 @@ rule llamacpp_profile:
 
 # the fit rule's own code (scripts/fit.py, servingplan.profiling.fit) on llama.cpp's profile
 rule llamacpp_fit:
-    priority: MEASURING_FIRST
+    priority: LLAMACPP_MEASURING
     input:
         points=rules.llamacpp_profile.output.points,
         samples=rules.llamacpp_profile.output.samples,
@@ -88,7 +92,7 @@ rule llamacpp_fit:
 
 
 rule llamacpp_validate_replay:
-    priority: MEASURING_FIRST
+    priority: LLAMACPP_MEASURING
     input:
         gguf=rules.llamacpp_gguf.output.gguf,
         costmodel=rules.llamacpp_fit.output.costmodel,
