@@ -34,7 +34,7 @@ import pandas as pd
 from servingplan.llamacpp.server_log import check_rule, read_steps
 from servingplan.pipeline import terminal
 from servingplan.serving.replay import compare
-from servingplan.sim.llamacpp_slots import micro_batches, step_time
+from servingplan.sim.llamacpp_slots import micro_batches, priced
 from servingplan.sim.simulator import SimResult
 from servingplan.validation import (MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreement, corrected_cost, corrections,
                                     direction)
@@ -170,29 +170,38 @@ def measured_result(run: dict) -> SimResult:
         meta={"errors": {i: r["error"] for i, r in enumerate(run["requests"]) if r["error"]}})
 
 
-def step_table(run: dict, cost, applied: list[dict] = ()) -> pd.DataFrame:
+def step_table(run: dict, cost) -> tuple[pd.DataFrame, list]:
     """One row per logged step: its decode batch, KV read, prompt tokens, how many micro-batches the server
     cut it into (llamacpp_slots.micro_batches, from the slots it held), measured and predicted time (priced
-    over those micro-batches, as the simulator prices its steps), and with `applied` corrections
-    (servingplan.validation.corrections) the time on the cost model as corrected for its kind: decode terms
-    x its batch size's factor, prefill terms x the prefill factor."""
-    decode = {row["batch"]: row["applied_factor"] for row in applied if row["kind"] == "decode"}
-    prefill = next((row["applied_factor"] for row in applied if row["kind"] == "prefill"), 1.0)
-    rows = []
+    over those micro-batches, as the simulator prices its steps); and each step's micro-batches, which
+    with_corrected prices again."""
+    rows, batches = [], []
     for step in run["steps"]:
         decodes = [(slot, context) for slot, context in step["decodes"]]
         chunks = [(slot, tokens, cached) for slot, tokens, cached in step["prefills"]]
         prompt = int(sum(tokens for _, tokens, _ in chunks))
+        batches.append(micro_batches(decodes, chunks, run["n_ubatch"]))
         rows.append({"run": run["name"], "batch": len(decodes), "ctx_sum": int(sum(c for _, c in decodes)),
                      "prompt_tokens": prompt, "n_prefill_calls": len(chunks), "tokens": len(decodes) + prompt,
-                     "micro_batches": len(micro_batches(decodes, chunks, run["n_ubatch"])),
-                     "duration_s": step["duration_s"],
-                     "predicted_s": step_time(cost, decodes, chunks, run["n_ubatch"]),
-                     "corrected_s": step_time(cost.slowed(decode.get(len(decodes), 1.0), prefill), decodes, chunks,
-                                              run["n_ubatch"])})
+                     "micro_batches": len(batches[-1]), "duration_s": step["duration_s"],
+                     "predicted_s": priced(cost, batches[-1])})
     frame = pd.DataFrame(rows, columns=["run", "batch", "ctx_sum", "prompt_tokens", "n_prefill_calls", "tokens",
-                                        "micro_batches", "duration_s", "predicted_s", "corrected_s"])
+                                        "micro_batches", "duration_s", "predicted_s"])
     frame["error_pct"] = 100.0 * (frame["predicted_s"] - frame["duration_s"]) / frame["duration_s"]
+    return frame, batches
+
+
+def with_corrected(frame: pd.DataFrame, batches: list, cost, applied: list[dict]) -> pd.DataFrame:
+    """step_table's frame with each step's time on the cost model as corrected for its kind (`applied`:
+    servingplan.validation.corrections): decode terms x its batch size's factor, prefill terms x the
+    prefill factor, over the same micro-batches."""
+    decode = {row["batch"]: row["applied_factor"] for row in applied if row["kind"] == "decode"}
+    prefill = next((row["applied_factor"] for row in applied if row["kind"] == "prefill"), 1.0)
+    corrected = [priced(cost.slowed(decode.get(batch, 1.0), prefill), step)
+                 for batch, step in zip(frame["batch"], batches)]
+    frame = frame.copy()
+    frame.insert(frame.columns.get_loc("predicted_s") + 1, "corrected_s", pd.Series(corrected, index=frame.index,
+                                                                                     dtype=float))
     frame["corrected_error_pct"] = 100.0 * (frame["corrected_s"] - frame["duration_s"]) / frame["duration_s"]
     return frame
 
@@ -223,14 +232,14 @@ def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict
     settings = replayed["settings"]
     cap = settings["max_num_seqs"]
     blocks = settings["ctx"] // memory["block_size"]
-    retimed = pd.DataFrame(replayed["retimed"], columns=["label", "t_s", "kind", "batch", "prompt_len", "cached",
-                                                         "seconds", "profiled_s", "ratio"])
+    retimed = pd.DataFrame(replayed["retimed"])
     tables, steps, runs, applied_all = [], [], [], []
     for run in replayed["runs"]:
         trace = Trace(np.array(run["trace"]["arrival_s"], float), np.array(run["trace"]["prompt_tokens"], np.int64),
                       np.array(run["trace"]["output_tokens"], np.int64))
         measured = measured_result(run)
-        applied = corrections(step_table(run, cost), retimed, f"run {run['number']}")
+        frame, batches = step_table(run, cost)
+        applied = corrections(frame, retimed, f"run {run['number']}")
         corrected, decode_factor, prefill_factor = corrected_cost(cost, applied)
         label = {"run": run["name"], "load_fraction": run["load_fraction"], "rate": run["rate"],
                  "n_batch": run["n_batch"]}
@@ -239,7 +248,7 @@ def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict
             simulated = simulate_run(trace, model, cap, run["n_batch"], run["n_ubatch"], blocks, memory, sweep)
             tables.append(compare(measured, simulated).assign(**label, model=name))
             stable[name] = bool(simulated.stable)
-        steps.append(step_table(run, cost, applied))
+        steps.append(with_corrected(frame, batches, cost, applied))
         applied_all += [{**row, "run": run["name"]} for row in applied]
         runs.append({**label, "requests": len(trace), "finished": int(measured.finished.sum()),
                      "simulated_stable": stable, "batch_rule": run["batch_rule"],

@@ -151,11 +151,16 @@ def micro_batches(decodes, prefills, n_ubatch: int) -> list[tuple[int, list[tupl
 
 
 def step_time(cost, decodes, prefills, n_ubatch: int) -> float:
-    """One iteration's time on `cost`, summed over its micro-batches (arguments as micro_batches): one of a
-    token per sequence is a decode step of that many sequences (a prompt's token in it reads its cached
-    entries and itself), one of more is a prefill call per sequence."""
+    """One iteration's time on `cost`, summed over its micro-batches (arguments as micro_batches)."""
+    return priced(cost, micro_batches(decodes, prefills, n_ubatch))
+
+
+def priced(cost, batches) -> float:
+    """The time on `cost` of micro_batches' `batches`: one of a token per sequence is a decode step of that
+    many sequences (a prompt's token in it reads its cached entries and itself), one of more is a prefill
+    call per sequence."""
     total = 0.0
-    for tokens, members in micro_batches(decodes, prefills, n_ubatch):
+    for tokens, members in batches:
         if tokens == 1:
             contexts = [held + 1 for _, held in members]
             total += cost.decode_time(len(contexts), sum(contexts), max(contexts))
