@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from servingplan import workload  # noqa: E402
+from servingplan.cli import MAX_TOKENS, bounded_int  # noqa: E402
 from servingplan.llamacpp.client import random_prompts, run_trace, summarize  # noqa: E402
 from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer  # noqa: E402
 
@@ -56,8 +57,9 @@ def main(argv=None) -> dict:
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--np", type=int, default=8)
     p.add_argument("--ctx", type=int, default=6144)
-    p.add_argument("-b", "--n-batch", type=int, default=2048)
-    p.add_argument("-ub", "--n-ubatch", type=int, default=512)
+    # both reach the simulation too (--costmodel), so they are held to the CLI's token bounds
+    p.add_argument("-b", "--n-batch", type=bounded_int(MAX_TOKENS), default=2048)
+    p.add_argument("-ub", "--n-ubatch", type=bounded_int(MAX_TOKENS), default=512)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--costmodel", type=Path)

@@ -143,12 +143,7 @@ def test_random_prompts_are_distinct_and_seeded():
 
 
 def test_the_replay_script_writes_measured_rows_against_a_running_server(stub, tmp_path):
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(
-        "llamacpp_replay", Path(__file__).resolve().parents[1] / "scripts" / "llamacpp_replay.py")
-    replay = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay)
+    replay = replay_script()
     out = replay.main(["--model", "unused.gguf", "--url", stub, "--rate", "50", "--requests", "4",
                        "--prompt-min", "5", "--prompt-max", "8", "--output-len", "3", "--vocab", "1000",
                        "--seed", "2", "--timeout", "10", "--out", str(tmp_path / "r.json")])
@@ -160,14 +155,32 @@ def test_the_replay_script_writes_measured_rows_against_a_running_server(stub, t
     assert out["settings"]["rate"] == 50.0
 
 
-def test_the_replay_script_simulates_the_same_trace_under_the_llamacpp_policy(tmp_path, growing_cost):
-    import argparse
+def replay_script():
+    """scripts/llamacpp_replay.py as a module."""
     import importlib.util
     from pathlib import Path
     spec = importlib.util.spec_from_file_location(
         "llamacpp_replay", Path(__file__).resolve().parents[1] / "scripts" / "llamacpp_replay.py")
     replay = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(replay)
+    return replay
+
+
+@pytest.mark.parametrize("flag, value", [("-b", "0"), ("-ub", "0"), ("-ub", "-4"), ("-ub", "nan"), ("-b", "1e9")])
+def test_the_replay_script_refuses_a_batch_size_out_of_bounds(tmp_path, capsys, flag, value):
+    replay = replay_script()
+    with pytest.raises(SystemExit) as exit_:
+        replay.main(["--model", str(tmp_path / "m.gguf"), "--rate", "1", "--out", str(tmp_path / "o.json"),
+                     flag, value])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--n-batch" in error or "--n-ubatch" in error
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_the_replay_script_simulates_the_same_trace_under_the_llamacpp_policy(tmp_path, growing_cost):
+    import argparse
+    replay = replay_script()
     (tmp_path / "cm.json").write_text(json.dumps(growing_cost.to_dict()))
     args = argparse.Namespace(requests=20, rate=2.0, seed=0, prompt_min=None, prompt_max=None, output_len=None,
                               costmodel=tmp_path / "cm.json", np=4, n_batch=64, n_ubatch=32)

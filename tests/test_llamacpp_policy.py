@@ -106,6 +106,15 @@ def test_an_iteration_is_priced_over_its_micro_batches(growing_cost):
     assert step_time(cost, [(0, 10), (1, 10)], [], 512) < step_time(cost, [(0, 10), (2, 10)], [], 512)
 
 
+@pytest.mark.parametrize("n_ubatch", [0, -1])
+def test_a_micro_batch_size_below_one_is_refused(growing_cost, n_ubatch):
+    import numpy as np
+    from conftest import make_trace
+    from servingplan.sim import simulate
+    with pytest.raises(ValueError, match=f"^n_ubatch={n_ubatch}: must be >= 1$"):
+        simulate(make_trace(np.zeros(1), [8], [2]), growing_cost, "llamacpp", 2, n_ubatch=n_ubatch)
+
+
 def test_the_simulator_prices_decodes_in_slots_apart_as_separate_passes(growing_cost):
     import numpy as np
     from conftest import make_trace

@@ -204,7 +204,9 @@ class Replica:
                  chunk_budget: str = DEFAULT_CHUNK_BUDGET, n_ubatch: int | None = None):
         self.cost = cost
         # the llamacpp policy's micro-batch size (llama-server's -ub, at most its -b, chunk_size)
-        self.n_ubatch = min(n_ubatch or llamacpp_slots.DEFAULT_N_UBATCH, chunk_size)
+        if n_ubatch is not None and n_ubatch < 1:
+            raise ValueError(f"n_ubatch={n_ubatch}: must be >= 1")
+        self.n_ubatch = min(llamacpp_slots.DEFAULT_N_UBATCH if n_ubatch is None else n_ubatch, chunk_size)
         self.recorder = recorder
         self.sched = Scheduler(policy, max_num_seqs, chunk_size, BlockManager(kv_blocks, block_size), chunk_budget)
         self.timeline = timeline
