@@ -86,7 +86,9 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
             "decode_batches": [1, 2], "decode_contexts": [16, 64], "probe_bytes": 1 << 20, "gemm_size": 64}
     engine = {"threads": 1, "n_batch": 128, "n_ubatch": 64, "split_n_batch": 24}
     profile = run_llamacpp_profile(tiny_gguf, grid, engine, seed=0, tiny=True, progress=False)
-    assert len(profile.points) == 3 + 2 * 2 and (profile.points["median_s"] > 0).all()
+    # the tiny model's chunks after cached tokens are the quick profile's: 8 and 16 tokens after 16
+    assert len(profile.points) == 3 + 2 + 2 * 2 and (profile.points["median_s"] > 0).all()
+    assert profile.meta["settings"]["cached_prefill"] == [[8, 16], [16, 16]]
     cost = fit_profile(profile.points, profile.samples, profile.meta, 0.25, 0.05, 0).cost_model
     assert cost.ctx_mode == "padded_max"
 

@@ -14,6 +14,16 @@ measure.py's own; what differs is the timed call:
     prefill   one sequence of prompt_len tokens, nothing cached: `-npp L,L,... -ntg 1 -npl 1`, one
               tool row per call (t_pp, the prompt's llama_decode alone); the first `warmup` rows are
               dropped, the next `repeats` are the calls.
+    prefill_cached
+              a chunk of prompt_len = C tokens after `cached` = P tokens of the same prompt, as a
+              llama-server slot runs a prompt split across steps (`-b` below the prompt). The tool
+              clears the KV cache before every prompt, but it decodes a prompt in views of n_batch
+              tokens (batched-bench.cpp, decode_helper), so at `-b C` a prompt of P + C tokens is
+              the chunks at 0, C, ..., P, its last the call, when P is a whole number of chunks.
+              The run alternates prompts of P and P + C tokens (`-npp P,P+C,P,P+C,... -b C`, -ub at
+              most C), and each pair's difference of t_pp is one call: a difference of two readings
+              taken seconds apart, so the machine's drift cancels. The first `warmup` pairs are
+              dropped.
     decode    batch B, each sequence holding `cached` = T tokens: `-npp T -ntg R -npl B -pps`, the
               prompt prefilled once and copied to the B sequences (untimed), then R decode steps of B
               tokens; the call is one step, t_tg / R (the tool times the R steps together; contexts
@@ -25,10 +35,8 @@ measure.py's own; what differs is the timed call:
               "padded_max", which the fit writes; its decode points hold B sequences of one context T,
               where B * T is what either mode reads.
 
-measure.py's other kinds are not measured: llama-batched-bench clears the KV cache before every prompt,
-so it cannot time a chunk after cached tokens of the same prompt (prefill_cached), and a batched
-prefill of several prompts is what a llama-server step of several prefilling slots is, which the fit
-does not model (the fit holds p3 at its floor: no point informs it).
+measure.py's batched prefill is not measured: a batched prefill of several prompts is what a
+llama-server step of several prefilling slots is, which the fit does not model.
 
 The speed references are one prefill and one decode shape (profile.reference_prefill,
 profile.reference_decode), re-timed with the same tool every reference_interval_s; a call's time is
@@ -56,13 +64,14 @@ from tqdm import tqdm
 from servingplan import roofline as work_model
 from servingplan.pipeline import terminal
 from servingplan.profiling import machine
-from servingplan.profiling.measure import (FLOAT32_BYTES, MAX_REMEASURE_ROUNDS, GridPoint, Profile, SpeedTracer,
+from servingplan.profiling.measure import (FLOAT32_BYTES, MAX_REMEASURE_ROUNDS, QUICK_PROFILE, GridPoint, Profile,
+                                           SpeedTracer,
                                            _point_row, build_grid, mark_disturbed, measurement_brackets, normalise,
                                            reference_points, remeasure_summary, remeasure_until_settled,
                                            speed_summary)
 from servingplan.llamacpp import build
 
-MEASURED_KINDS = ("prefill", "decode")
+MEASURED_KINDS = ("prefill", "prefill_cached", "decode")
 CTX_MODE = "padded_max"
 # a tool run that takes longer than this is stuck (the largest default point takes a few seconds)
 BENCH_TIMEOUT_S = 600.0
@@ -83,24 +92,58 @@ class MissingRows(BenchError):
     """The tool's output lacks result rows (see run_bench)."""
 
 
+class UnorderedPair(BenchError):
+    """A prefill_cached pair whose longer prompt did not take longer than its shorter one (see run_bench)."""
+
+
+def pair_prompts(point: GridPoint) -> tuple[int, int]:
+    """The two prompt lengths whose difference times a prefill_cached point: `cached`, then `cached` + the
+    chunk. ValueError unless `cached` is a positive whole number of chunks (see the module docstring)."""
+    if point.cached < point.prompt_len or point.cached % point.prompt_len:
+        raise ValueError(f"llama.cpp profile: a chunk of {point.prompt_len} tokens after {point.cached} cached: "
+                         f"the cached tokens must be a positive whole number of chunks")
+    return point.cached, point.cached + point.prompt_len
+
+
 def bench_command(point: GridPoint, calls: int, settings: dict, gguf: Path, binary: Path) -> list[str]:
     """The llama-batched-bench command that times `calls` calls of `point` (see the module docstring)."""
-    common = [str(binary), "-m", str(gguf), "-t", str(settings["threads"]), "-b", str(settings["n_batch"]),
-              "-ub", str(settings["n_ubatch"]), "-ctk", "f32", "-ctv", "f32", "--output-format", "jsonl"]
+    n_batch, n_ubatch = int(settings["n_batch"]), int(settings["n_ubatch"])
     if point.kind == "prefill":
         context = point.prompt_len + 1
         shape = ["-npp", ",".join([str(point.prompt_len)] * calls), "-ntg", "1", "-npl", "1"]
+    elif point.kind == "prefill_cached":
+        shorter, longer = pair_prompts(point)
+        n_batch, n_ubatch = point.prompt_len, min(point.prompt_len, n_ubatch)
+        context = longer + 1
+        shape = ["-npp", ",".join([f"{shorter},{longer}"] * calls), "-ntg", "1", "-npl", "1"]
     elif point.kind == "decode":
         context = point.batch * (point.cached + calls)
         shape = ["-npp", str(point.cached), "-ntg", str(calls), "-npl", str(point.batch), "-pps"]
     else:
         raise ValueError(f"llama.cpp profile: kind {point.kind!r} is not measured (measured: {', '.join(MEASURED_KINDS)})")
-    return common + ["-c", str(context + KV_PAD)] + shape
+    return [str(binary), "-m", str(gguf), "-t", str(settings["threads"]), "-b", str(n_batch), "-ub", str(n_ubatch),
+            "-ctk", "f32", "-ctv", "f32", "--output-format", "jsonl", "-c", str(context + KV_PAD)] + shape
+
+
+def result_rows(point: GridPoint, calls: int) -> int:
+    """The rows a run timing `calls` calls of `point` prints: a row per prompt (a pair of prompts per
+    prefill_cached call), or one row for a decode run's steps."""
+    return {"prefill": calls, "prefill_cached": 2 * calls}.get(point.kind, 1)
+
+
+def row_prompts(point: GridPoint, rows: int) -> list[int]:
+    """The pp of each of a run's `rows` result rows, in order."""
+    if point.kind == "prefill":
+        return [point.prompt_len] * rows
+    if point.kind == "prefill_cached":
+        return list(pair_prompts(point)) * (rows // 2)
+    return [point.cached] * rows
 
 
 def parse_bench_output(text: str, point: GridPoint, rows_expected: int) -> list[dict]:
     """The JSON rows llama-batched-bench printed (--output-format jsonl) for `point`, validated: exactly
-    `rows_expected` rows of its shape, each time finite and positive. BenchError (one line) otherwise."""
+    `rows_expected` rows of its shape, in order, each time finite and positive. BenchError (one line)
+    otherwise."""
     where = f"llama-batched-bench at {point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}"
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -120,23 +163,31 @@ def parse_bench_output(text: str, point: GridPoint, rows_expected: int) -> list[
         rows.append(row)
     if len(rows) != rows_expected:
         raise MissingRows(f"{where}: {len(rows)} result rows, expected {rows_expected}")
-    want_pp = point.prompt_len if point.kind == "prefill" else point.cached
-    want_pl = 1 if point.kind == "prefill" else point.batch
-    for row in rows:
+    want_pl = point.batch if point.kind == "decode" else 1
+    timed = "t_tg" if point.kind == "decode" else "t_pp"
+    for row, want_pp in zip(rows, row_prompts(point, rows_expected)):
         if (row["pp"], row["pl"]) != (want_pp, want_pl):
             raise BenchError(f"{where}: a result row has pp={row['pp']} pl={row['pl']}, expected pp={want_pp} "
                              f"pl={want_pl}")
-        timed = "t_pp" if point.kind == "prefill" else "t_tg"
         if row[timed] <= 0:
             raise BenchError(f"{where}: {timed} = {row[timed]!r}, must be > 0")
     return rows
 
 
 def call_seconds(rows: list[dict], point: GridPoint, warmup: int) -> list[float]:
-    """Seconds of each timed call in a run's rows: a prefill's t_pp after the warm-up rows; a decode
-    step, t_tg over the run's steps."""
+    """Seconds of each timed call in a run's rows: a prefill's t_pp after the warm-up rows; a chunk after
+    cached tokens, the t_pp of each pair's longer prompt less its shorter one's, after the warm-up pairs;
+    a decode step, t_tg over the run's steps. UnorderedPair if a timed pair's difference is not positive."""
     if point.kind == "prefill":
         return [float(row["t_pp"]) for row in rows[warmup:]]
+    if point.kind == "prefill_cached":
+        pairs = list(zip(rows[0::2], rows[1::2]))[warmup:]
+        chunks = [float(longer["t_pp"]) - float(shorter["t_pp"]) for shorter, longer in pairs]
+        if min(chunks) <= 0:
+            raise UnorderedPair(f"llama-batched-bench at prefill_cached L={point.prompt_len} cached={point.cached}: "
+                                f"a prompt of {point.cached + point.prompt_len} tokens took no longer than one of "
+                                f"{point.cached} ({min(chunks):.3g} s)")
+        return chunks
     return [float(row["t_tg"]) / float(row["tg"]) for row in rows]
 
 
@@ -144,12 +195,14 @@ def run_bench(point: GridPoint, settings: dict, gguf: Path, binary: Path) -> lis
     """Run the tool for `point` and return the seconds of its timed calls. A run that exits cleanly with
     rows missing is run again, at most BENCH_ATTEMPTS times: the tool prints through llama.cpp's
     asynchronous logger, which can lose its last lines when the process exits before the logger's thread
-    wrote them (common/log.cpp, common_log_main; llama.cpp issue 22142), more often on a busy machine."""
+    wrote them (common/log.cpp, common_log_main; llama.cpp issue 22142), more often on a busy machine.
+    So is a prefill_cached run with a pair out of order: only a stall of the machine during the shorter
+    prompt, longer than the chunk itself, gives one, and the profile re-measures disturbed readings anyway."""
     warmup, repeats = int(settings["warmup"]), int(settings["repeats"])
     calls = warmup + repeats
     command = bench_command(point, calls, settings, gguf, binary)
     where = f"{point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}"
-    rows_expected = calls if point.kind == "prefill" else 1
+    rows_expected = result_rows(point, calls)
     for attempt in range(1, BENCH_ATTEMPTS + 1):
         try:
             done = subprocess.run(command, capture_output=True, text=True, env=build.env(), timeout=BENCH_TIMEOUT_S)
@@ -160,7 +213,7 @@ def run_bench(point: GridPoint, settings: dict, gguf: Path, binary: Path) -> lis
             raise BenchError(f"llama-batched-bench exited with {done.returncode} at {where}: {last.strip()}")
         try:
             return call_seconds(parse_bench_output(done.stdout, point, rows_expected), point, warmup)
-        except MissingRows:
+        except (MissingRows, UnorderedPair):
             if attempt == BENCH_ATTEMPTS:
                 raise
             pause_before_rerun(attempt)
@@ -218,7 +271,18 @@ def run_llamacpp_profile(gguf, profile_cfg: dict, llamacpp_cfg: dict, seed: int,
     threads = machine.resolve_threads(llamacpp_cfg.get("threads"))
     settings = {**profile_cfg, "threads": threads, "n_batch": int(llamacpp_cfg["n_batch"]),
                 "n_ubatch": int(llamacpp_cfg["n_ubatch"])}
+    if tiny:
+        # the tiny model's positions hold the quick profile's chunks after cached tokens, not the default's
+        settings.setdefault("cached_prefill", QUICK_PROFILE["cached_prefill"])
     model_meta = model_metadata(seed, tiny)
+    grid = profile_grid(settings)
+    chunks_after_cached = [point for point in grid if point.kind == "prefill_cached"]
+    for point in chunks_after_cached:
+        pair_prompts(point)   # refuses, before anything is timed, a point the tool cannot time
+    longest = max((point.cached + point.prompt_len for point in chunks_after_cached), default=0)
+    if longest > model_meta["n_positions"]:
+        raise ValueError(f"llama.cpp profile: a chunk after cached tokens spans {longest} positions, the model has "
+                         f"{model_meta['n_positions']}")
     arch = work_model.architecture_of(model_meta)
     gemm_shapes = work_model.gemm_shapes(arch, max(settings["decode_batches"]), max(settings["prefill_lengths"]))
     # the roofline probes run on torch at the tool's thread count: they read the machine, not the engine
@@ -229,7 +293,6 @@ def run_llamacpp_profile(gguf, profile_cfg: dict, llamacpp_cfg: dict, seed: int,
         return {"label": label, "t_s": time.perf_counter() - started, **reading}
 
     probe_readings = [read_probes("start")]
-    grid = profile_grid(settings)
     references = reference_points(settings)
     shuffler = random.Random(seed)
 
@@ -300,7 +363,8 @@ def run_llamacpp_profile(gguf, profile_cfg: dict, llamacpp_cfg: dict, seed: int,
         "model": {**model_meta, "gguf": str(gguf), "gguf_bytes": gguf.stat().st_size},
         "memory": {"param_bytes": model_meta["param_bytes"], "kv_bytes_per_token": kv_per_token,
                    "kv_bytes_per_token_expected": kv_per_token, "peak_rss_bytes": peak_child_rss_bytes()},
-        "settings": {**settings, "tiny": tiny, "seed": seed, "device": "cpu", "ctx_mode": CTX_MODE,
+        "settings": {**settings, "cached_prefill": [[point.prompt_len, point.cached] for point in chunks_after_cached],
+                     "tiny": tiny, "seed": seed, "device": "cpu", "ctx_mode": CTX_MODE,
                      "kinds": list(MEASURED_KINDS), "kv_type": "f32", "decode_steps_per_run":
                      int(settings["warmup"]) + int(settings["repeats"]),
                      "references": {kind: vars(point) for kind, point in references.items()}},
