@@ -125,6 +125,11 @@ def bench_command(point: GridPoint, calls: int, settings: dict, gguf: Path, bina
             "-ctk", "f32", "-ctv", "f32", "--output-format", "jsonl", "-c", str(context + KV_PAD)] + shape
 
 
+def point_label(point: GridPoint) -> str:
+    """How the tool's messages name a point."""
+    return f"{point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}"
+
+
 def result_rows(point: GridPoint, calls: int) -> int:
     """The rows a run timing `calls` calls of `point` prints: a row per prompt (a pair of prompts per
     prefill_cached call), or one row for a decode run's steps."""
@@ -144,7 +149,7 @@ def parse_bench_output(text: str, point: GridPoint, rows_expected: int) -> list[
     """The JSON rows llama-batched-bench printed (--output-format jsonl) for `point`, validated: exactly
     `rows_expected` rows of its shape, in order, each time finite and positive. BenchError (one line)
     otherwise."""
-    where = f"llama-batched-bench at {point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}"
+    where = f"llama-batched-bench at {point_label(point)}"
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -184,9 +189,9 @@ def call_seconds(rows: list[dict], point: GridPoint, warmup: int) -> list[float]
         pairs = list(zip(rows[0::2], rows[1::2]))[warmup:]
         chunks = [float(longer["t_pp"]) - float(shorter["t_pp"]) for shorter, longer in pairs]
         if min(chunks) <= 0:
-            raise UnorderedPair(f"llama-batched-bench at prefill_cached L={point.prompt_len} cached={point.cached}: "
-                                f"a prompt of {point.cached + point.prompt_len} tokens took no longer than one of "
-                                f"{point.cached} ({min(chunks):.3g} s)")
+            raise UnorderedPair(f"llama-batched-bench at {point_label(point)}: a prompt of "
+                                f"{point.cached + point.prompt_len} tokens took no longer than one of {point.cached} "
+                                f"({min(chunks):.3g} s)")
         return chunks
     return [float(row["t_tg"]) / float(row["tg"]) for row in rows]
 
@@ -201,7 +206,7 @@ def run_bench(point: GridPoint, settings: dict, gguf: Path, binary: Path) -> lis
     warmup, repeats = int(settings["warmup"]), int(settings["repeats"])
     calls = warmup + repeats
     command = bench_command(point, calls, settings, gguf, binary)
-    where = f"{point.kind} B={point.batch} L={point.prompt_len} cached={point.cached}"
+    where = point_label(point)
     rows_expected = result_rows(point, calls)
     for attempt in range(1, BENCH_ATTEMPTS + 1):
         try:
