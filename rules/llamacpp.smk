@@ -96,7 +96,7 @@ rule llamacpp_validate_replay:
     input:
         gguf=rules.llamacpp_gguf.output.gguf,
         costmodel=rules.llamacpp_fit.output.costmodel,
-        # the profile's points and settings: right after each run its served shapes are re-timed as profiled
+        # the profile's points and settings: before, during and after each run its served shapes are re-timed as profiled
         points=rules.llamacpp_profile.output.points,
         profile=rules.llamacpp_profile.output.machine,
         built=LLAMACPP_BUILT,

@@ -248,7 +248,12 @@ class ShapeRetimer:
     profile has that batch) at the profiled context nearest c; a fresh prefill call of n tokens by the
     prefill point of the nearest profiled length. Each reading (`time_point`: the project's engine times
     the point's call, TorchRetimer; llama.cpp's replay runs the tool that profiled it) is set against the
-    point's profiled time: ratio above one, the point runs slower now."""
+    point's profiled time: ratio above one, the point runs slower now.
+
+    A kind of step (decode at one batch size, prefill) is read first at its point that took the most of
+    the served time (steps matched x the point's profiled time), not the most steps: a kind's correction
+    scales all its steps' time, so it is read where that time is. A trace's prefill time sits in its
+    long prompts, its most frequent prompts can be its short ones."""
 
     def __init__(self, profile_points: pd.DataFrame, cap: int):
         points = profile_points[((profile_points["kind"] == "decode") & (profile_points["batch"] <= cap))
@@ -279,6 +284,10 @@ class ShapeRetimer:
                     counts[point] = counts.get(point, 0) + 1
         return counts
 
+    def served_s(self, steps) -> dict[GridPoint, float]:
+        """{matched profile point: the profiled seconds of the `steps` it matches}."""
+        return {point: count * self.profiled[point] for point, count in self.matches(steps).items()}
+
     def expected_s(self, point: GridPoint) -> float:
         return self.profiled[point] * self.slowest * (RETIME_WARMUP + RETIME_REPEATS)
 
@@ -299,8 +308,8 @@ class ShapeRetimer:
         return counts
 
     def unmatched(self, steps, label: str) -> list[GridPoint]:
-        """The served points of this trace not yet re-timed in it, most served first."""
-        served, timed = self.matches(steps), self._timed_under(label)
+        """The served points of this trace not yet re-timed in it, most served time first."""
+        served, timed = self.served_s(steps), self._timed_under(label)
         return sorted((p for p in served if p not in timed), key=lambda p: (-served[p], p.kind, p.batch, p.cached))
 
     def retime_within(self, points, label: str, seconds: float, margin: float = 1.0) -> None:
@@ -312,19 +321,22 @@ class ShapeRetimer:
                 self.retime(point, label)
 
     def least_timed(self, steps, label: str) -> list[GridPoint]:
-        """Every served point of this trace, least re-timed in it first, then most served."""
-        served, timed = self.matches(steps), self._timed_under(label)
+        """Every served point of this trace, least re-timed in it first, then most served time."""
+        served, timed = self.served_s(steps), self._timed_under(label)
         return sorted(served, key=lambda p: (timed.get(p, 0), -served[p], p.kind, p.batch, p.cached))
 
-    def uncovered_kinds(self, steps, label: str) -> list[GridPoint]:
-        """After a trace: for each kind of step it served (decode at one batch size, prefill) that has
-        no re-timed point in it yet, its most served point, so that every kind has evidence."""
-        served = self.matches(steps)
-        covered = {(p.kind, p.batch) for p in self._timed_under(label)}
+    def uncovered_kinds(self, steps, label: str, readings: int = 1) -> list[GridPoint]:
+        """After a trace: for each kind of step it served (decode at one batch size, prefill) with fewer
+        than `readings` re-timings in it, its point of most served time, once per reading it lacks, so
+        that every kind has evidence."""
+        served = self.served_s(steps)
+        counts: dict = {}
+        for point, n in self._timed_under(label).items():
+            counts[(point.kind, point.batch)] = counts.get((point.kind, point.batch), 0) + n
         best: dict = {}
         for point in sorted(served, key=lambda p: (-served[p], p.kind, p.batch, p.cached)):
             best.setdefault((point.kind, point.batch), point)
-        return [point for kind, point in sorted(best.items()) if kind not in covered]
+        return [point for kind, point in sorted(best.items()) for _ in range(readings - counts.get(kind, 0))]
 
 
 class TorchRetimer(ShapeRetimer):

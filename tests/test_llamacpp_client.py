@@ -129,6 +129,30 @@ def test_a_trace_is_replayed_open_loop_and_summarized(stub):
     assert summary["itl_ms_p50"] is not None
 
 
+def test_while_idle_is_called_only_when_nothing_is_in_flight_with_the_time_to_the_next_request(stub):
+    prompts = [[11, 1], [12, 1], [13, 1]]
+    calls = []
+
+    def while_idle(seconds):
+        calls.append((time.perf_counter(), seconds))
+
+    t0 = time.perf_counter()
+    # request 1 arrives while request 0 still streams (its 3 tokens take 60 ms); request 2 after both finished
+    results = run_trace(stub, [0.0, 0.01, 0.5], prompts, [3, 3, 3], timeout_s=5.0, while_idle=while_idle)
+    assert all(r.ok for r in results)
+    assert len(calls) == 1
+    called_at, seconds = calls[0]
+    assert called_at - t0 >= results[1].token_times_s[-1] - 0.01
+    assert 0 < seconds <= 0.5 - (called_at - t0) + 0.01
+
+
+def test_a_request_goes_out_when_an_overrunning_while_idle_returns(stub):
+    results = run_trace(stub, [0.0, 0.2], [[11, 1], [12, 1]], [2, 2], timeout_s=5.0,
+                        while_idle=lambda seconds: time.sleep(seconds + 0.2))
+    assert all(r.ok for r in results)
+    assert results[1].sent_s >= 0.4 and results[1].arrival_s == 0.2
+
+
 def test_a_failed_request_makes_high_percentiles_infinite(stub):
     results = run_trace(stub, [0.0, 0.0], [[20, 1], [1, 1]], [2, 2], timeout_s=5.0)
     summary = summarize(results)

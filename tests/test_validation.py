@@ -1,4 +1,5 @@
 """The validation stage's measurements: the speed probe, the path check, agreement and step tables."""
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,8 @@ from servingplan.serving.replay import bootstrap_interval
 from servingplan.replay_file import result_from_json, result_to_json
 from servingplan.validation import (agreement, corrected_cost, corrected_times, corrections, findings, headline,
                                     steps_by_batch)
-from servingplan.validation_replay import (Budget, PathCheck, SpeedProbe, TorchRetimer, expected_max, service_rate_rps,
+from servingplan.validation_replay import (Budget, PathCheck, ShapeRetimer, SpeedProbe, TorchRetimer, expected_max,
+                                           service_rate_rps,
                                            validation_traces)
 from servingplan.workload import Trace
 
@@ -251,6 +253,66 @@ def test_the_retimer_matches_served_shapes_and_uses_only_gaps_it_fits_in(model):
     assert retimer.uncovered_kinds(served, "trace 2") == sorted(matched, key=lambda p: (p.kind, p.batch))
     retimer.retime_within(retimer.uncovered_kinds(served, "trace 2"), "trace 2", 60.0)
     assert sum(row["label"] == "trace 2" for row in retimer.rows) == 2
+
+
+class ClockRetimer(ShapeRetimer):
+    """A ShapeRetimer whose readings take no time and read every point at its profiled time."""
+
+    def time_point(self, point):
+        return 0.0, self.profiled[point]
+
+
+def prefill_points(lengths_s: dict) -> pd.DataFrame:
+    rows = [{"kind": "prefill", "batch": 1, "prompt_len": n, "cached": 0, "median_s": s} for n, s in lengths_s.items()]
+    rows.append({"kind": "decode", "batch": 1, "prompt_len": 1, "cached": 256, "median_s": 0.02})
+    return pd.DataFrame(rows)
+
+
+def test_a_kind_is_read_where_its_served_time_is_not_where_its_most_steps_are():
+    retimer = ClockRetimer(prefill_points({32: 0.06, 320: 0.44}), cap=8)
+    # six short prompts (0.36 s as profiled) and two long ones (0.88 s)
+    served = [{"batch": 0, "ctx_max": 0, "prefill_calls": [(30, 0)]}] * 6 + \
+             [{"batch": 0, "ctx_max": 0, "prefill_calls": [(300, 0)]}] * 2
+    assert retimer.matches(served)[GridPoint("prefill", 1, 32, 0)] == 6
+    assert retimer.served_s(served) == pytest.approx({GridPoint("prefill", 1, 32, 0): 0.36,
+                                                      GridPoint("prefill", 1, 320, 0): 0.88})
+    long_prompt = GridPoint("prefill", 1, 320, 0)
+    assert retimer.uncovered_kinds(served, "run 1") == [long_prompt]
+    assert retimer.unmatched(served, "run 1")[0] == long_prompt
+    # a kind short of `readings` gets its point once per reading it lacks, counting readings at any length
+    assert retimer.uncovered_kinds(served, "run 1", readings=2) == [long_prompt, long_prompt]
+    retimer.retime(GridPoint("prefill", 1, 32, 0), "run 1")
+    assert retimer.uncovered_kinds(served, "run 1", readings=2) == [long_prompt]
+    assert retimer.uncovered_kinds(served, "run 1") == []
+    assert retimer.least_timed(served, "run 1") == [long_prompt, GridPoint("prefill", 1, 32, 0)]
+
+
+def test_the_bench_retimer_needs_a_gap_as_long_as_its_tool_runs(monkeypatch):
+    from servingplan.llamacpp import profile
+    from servingplan.llamacpp.validation import bench_retimer
+
+    def bench(point, settings, gguf, binary):
+        time.sleep(0.05)       # the tool's start-up and its calls
+        return [0.011, 0.01, 0.012]
+
+    monkeypatch.setattr(profile, "run_bench", bench)
+    points = prefill_points({32: 0.01, 256: 0.02})
+    retimer = bench_retimer(points, {"settings": {"warmup": 1, "repeats": 3}}, 8, "model.gguf")
+    decode = GridPoint("decode", 1, 1, 256)
+    # before a tool run has been seen, no gap holds one
+    assert retimer.expected_s(GridPoint("prefill", 1, 32, 0)) == float("inf")
+    retimer.retime_within([GridPoint("prefill", 1, 32, 0)], "run 1", 1e6)
+    assert retimer.rows == []
+    retimer.retime(GridPoint("prefill", 1, 32, 0), "run 1")
+    row = retimer.rows[-1]
+    assert row["seconds"] == pytest.approx(0.011) and row["ratio"] == pytest.approx(1.1)
+    # the run took 0.05 s, its four calls 0.044 of them: the rest is start-up
+    assert 0.0 <= retimer.startup_s < 0.05
+    # a decode point's run also prefills its 256 cached tokens once, untimed (the profile's 256-token prompt)
+    assert retimer.untimed_s(decode) == pytest.approx(0.02)
+    assert retimer.expected_s(decode) == pytest.approx(retimer.startup_s + (0.02 * 4 + 0.02) * 1.1)
+    retimer.retime_within([decode], "run 1", 0.9 * retimer.expected_s(decode))
+    assert len(retimer.rows) == 1
 
 
 def test_a_replay_survives_its_json_round_trip(model):

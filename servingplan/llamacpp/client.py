@@ -153,15 +153,25 @@ def stream_completion(base_url: str, prompt: list, max_tokens: int, *, t0: float
 
 
 def run_trace(base_url: str, arrivals_s, prompts, max_tokens, *, timeout_s: float = 120.0,
-              model: str = "servingplan", clock=time.perf_counter) -> list[RequestResult]:
+              model: str = "servingplan", clock=time.perf_counter, while_idle=None) -> list[RequestResult]:
     """Replay a trace open-loop: request i goes out at arrivals_s[i] (seconds from the start) on its own
     thread, whatever the server's state, as vLLM's benchmark does. Returns results in trace order. Bounded:
-    one request per trace entry, each at most `timeout_s`."""
+    one request per trace entry, each at most `timeout_s`.
+
+    `while_idle(seconds)`, if given, is called when every request sent so far has finished and the next
+    one is due in `seconds`: the server is idle until then. It must return within them (the next request
+    goes out when it returns, late if it overran)."""
     results = [RequestResult(i, float(a), len(p), int(m)) for i, (a, p, m) in
                enumerate(zip(arrivals_s, prompts, max_tokens))]
     threads = []
     t0 = clock()
     for res, prompt in zip(results, prompts):
+        if while_idle is not None and threads:
+            for th in threads:   # until every request in flight has finished, or the next one is due
+                th.join(max(0.0, t0 + res.arrival_s - clock()))
+            wait = t0 + res.arrival_s - clock()
+            if wait > 0 and not any(th.is_alive() for th in threads):
+                while_idle(wait)
         wait = t0 + res.arrival_s - clock()
         if wait > 0:
             time.sleep(wait)

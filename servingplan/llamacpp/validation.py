@@ -7,10 +7,14 @@
         fractions of validation.rates_fraction of the llama.cpp cost model's service rate) in real time
         against llama-server over HTTP with the streaming client, one fresh server per trace; and the
         lowest load once more at llamacpp.split_n_batch, a batch small enough to split prompts. Each
-        run keeps the server's own step log, read into steps (servingplan.llamacpp.server_log). Right
-        after each run, with the server stopped, the profile's own points at the shapes it served are
-        re-timed with the tool that profiled them (BenchRetimer): the evidence of how fast the machine
-        ran those shapes then.
+        run keeps the server's own step log, read into steps (servingplan.llamacpp.server_log). The
+        profile's own points at the shapes a run serves are re-timed with the tool that profiled them
+        (BenchRetimer): the evidence of how fast the machine ran those shapes while it served. They
+        are read before the run (its prompts' point), in its idle gaps (every request sent so far
+        finished and the next one far enough off for a tool run: the shapes the server's log shows
+        so far, as the torch replay reads in its engine's gaps) and right after it, with the server
+        stopped, until each kind it served has READINGS_PER_KIND readings. A run at a high load has
+        few gaps: its evidence is what was read around it.
     run_llamacpp_comparison(replayed, cost, validation, memory, sweep) -> dict
         simulate every served trace under the `llamacpp` policy on the llama.cpp cost model, as fitted
         and as corrected by that evidence (servingplan.validation.corrections, the torch validation's
@@ -26,12 +30,13 @@ LRU as simulated). Editing the simulator reruns only the comparison.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from servingplan.llamacpp.server_log import check_rule, read_steps
+from servingplan.llamacpp.server_log import ServerLogError, check_rule, read_steps
 from servingplan.pipeline import terminal
 from servingplan.serving.replay import compare
 from servingplan.sim.llamacpp_slots import micro_batches, priced
@@ -41,7 +46,7 @@ from servingplan.validation import (MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreemen
 from servingplan.workload import Trace
 
 POLICY = "llamacpp"
-# readings of each kind of step a run served, re-timed right after it (each a llama-batched-bench run)
+# readings of each kind of step a run served by the time it is judged (each a llama-batched-bench run)
 READINGS_PER_KIND = 2
 # the cost model each run is simulated on: as fitted, and as corrected by the shape-matched evidence
 MODELS = ("as_fitted", "corrected")
@@ -73,19 +78,50 @@ def planned_runs(workload: dict, validation: dict, llamacpp_cfg: dict, reference
 def bench_retimer(profile_points: pd.DataFrame, profile_meta: dict, cap: int, gguf):
     """validation_replay.ShapeRetimer whose reading of a point runs llama-batched-bench on it exactly as the
     profile did (servingplan.llamacpp.profile.run_bench, with the profile's settings: threads, n_batch,
-    n_ubatch, warm-up and repeats): the median of the run's timed calls."""
-    import time
+    n_ubatch, warm-up and repeats): the median of the run's timed calls. What a reading needs of an idle
+    gap is its tool run's wall time: the calls and a decode point's untimed prompt at the slowest speed
+    seen, and the longest start-up seen (the process, the model's load); before one run has been seen,
+    no gap is long enough."""
+    import math
 
     from servingplan.llamacpp import build
     from servingplan.llamacpp.profile import run_bench
-    from servingplan.validation_replay import ShapeRetimer   # imports torch: the replay job alone needs it
+    from servingplan.profiling.measure import GridPoint
+    from servingplan.validation_replay import ShapeRetimer, nearest   # imports torch: the replay job alone needs it
+
+    settings = profile_meta["settings"]
+    calls = int(settings["warmup"]) + int(settings["repeats"])
 
     class BenchRetimer(ShapeRetimer):
+        startup_s = math.inf
+
+        def untimed_s(self, point) -> float:
+            """The profiled time of a decode point's prompt, prefilled once before its steps (-pps)."""
+            if point.kind != "decode" or not self.prefill_lengths:
+                return 0.0
+            return self.profiled[GridPoint("prefill", 1, nearest(self.prefill_lengths, point.cached), 0)]
+
+        def expected_s(self, point) -> float:
+            return self.startup_s + (self.profiled[point] * calls + self.untimed_s(point)) * self.slowest
+
         def time_point(self, point):
-            seconds = run_bench(point, profile_meta["settings"], Path(gguf), build.binary("llama-batched-bench"))
-            return time.perf_counter() - self.started, float(np.median(seconds))
+            begun = time.perf_counter()
+            seconds = float(np.median(run_bench(point, settings, Path(gguf), build.binary("llama-batched-bench"))))
+            ended = time.perf_counter()
+            ratio = seconds / self.profiled[point]
+            startup = max(0.0, ended - begun - (self.profiled[point] * calls + self.untimed_s(point)) * ratio)
+            self.startup_s = startup if math.isinf(self.startup_s) else max(self.startup_s, startup)
+            return ended - self.started, seconds
 
     return BenchRetimer(profile_points, cap)
+
+
+def steps_so_far(log_file: Path) -> list:
+    """The steps a running server has logged so far: none while its log holds no whole step yet."""
+    try:
+        return read_steps(log_file.read_text(errors="replace"))
+    except (OSError, ServerLogError):
+        return []
 
 
 def served_shapes(steps) -> list[dict]:
@@ -102,7 +138,7 @@ def run_llamacpp_replay(gguf, cost, profile_points: pd.DataFrame, profile_meta: 
     from servingplan.llamacpp.gguf_model import TINY_OVERRIDES
     from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer
     from servingplan.profiling.machine import resolve_threads
-    from servingplan.validation_replay import reference_rps
+    from servingplan.validation_replay import IDLE_MARGIN, reference_rps
 
     cap = int(validation["cap"])
     retimer = bench_retimer(profile_points, profile_meta, cap, gguf)
@@ -115,25 +151,41 @@ def run_llamacpp_replay(gguf, cost, profile_points: pd.DataFrame, profile_meta: 
     served = []
     for number, run in enumerate(planned_runs(workload, validation, llamacpp_cfg, reference, seed), 1):
         trace: Trace = run["trace"]
+        label = f"run {number}"
         say(f"run {number} ({run['name']}): {len(trace)} requests at {run['rate']:.3g} req/s, -b {run['n_batch']}")
         prompts = random_prompts(trace.prompt_tokens, vocab_size, seed + number)
         log_file = log_dir / f"server_run{number}.log"
+        # the evidence of the machine's speed while the run served: its prompts' shape read before it
+        # (where its prefill time will be: its first calls hold at most n_batch tokens), the shapes it
+        # served read in its idle gaps, and after it every kind it served up to READINGS_PER_KIND readings
+        first_calls = [{"batch": 0, "ctx_max": 0, "prefill_calls": [(min(int(n), run["n_batch"]), 0)]}
+                       for n in trace.prompt_tokens]
+        for point in retimer.uncovered_kinds(first_calls, label):
+            retimer.retime(point, label)
+
+        def use_gap(gap_s: float, label=label, log_file=log_file) -> None:
+            deadline = time.perf_counter() + gap_s
+            shapes = served_shapes(steps_so_far(log_file))
+            retimer.retime_within(retimer.unmatched(shapes, label), label, gap_s, IDLE_MARGIN)
+            retimer.retime_within(retimer.least_timed(shapes, label), label, deadline - time.perf_counter(),
+                                  IDLE_MARGIN)
+
         with LlamaServer(gguf, threads=threads, n_parallel=cap, ctx=server_context(validation, memory),
                          n_batch=run["n_batch"], n_ubatch=run["n_ubatch"], verbosity=5, log_file=log_file,
                          extra_args=FLOAT32_KV + STEP_LOG_ARGS) as server:
             results = run_trace(server.url, trace.arrival_s, prompts, [int(n) for n in trace.output_tokens],
-                                timeout_s=float(validation["max_wall_s"]))
+                                timeout_s=float(validation["max_wall_s"]), while_idle=use_gap)
         steps = read_steps(log_file.read_text(errors="replace"))
         check = check_rule(steps)
         failed = [r for r in results if not r.ok]
         if failed:
             say(f"run {number}: {len(failed)} of {len(results)} requests failed ({failed[0].error})")
-        # the evidence: each kind of step it served (decode at one batch size, fresh prompts), re-timed now
-        kinds = retimer.uncovered_kinds(served_shapes(steps), f"run {number}")
-        say(f"run {number}: re-timing {len(kinds)} profiled shapes it served, {READINGS_PER_KIND} readings each")
-        for _ in range(READINGS_PER_KIND):
-            for point in kinds:
-                retimer.retime(point, f"run {number}")
+        during = sum(row["label"] == label for row in retimer.rows)
+        kinds = retimer.uncovered_kinds(served_shapes(steps), label, READINGS_PER_KIND)
+        say(f"run {number}: {during} re-timings before and during it; {len(kinds)} more of the shapes it served "
+            f"now, so that each kind has {READINGS_PER_KIND}")
+        for point in kinds:
+            retimer.retime(point, label)
         served.append({
             "number": number, "name": run["name"], "load_fraction": run["load_fraction"], "rate": run["rate"],
             "n_batch": run["n_batch"], "n_ubatch": run["n_ubatch"],
@@ -226,7 +278,7 @@ def steps_by_kind(steps: pd.DataFrame) -> pd.DataFrame:
 
 def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict, sweep: dict) -> dict:
     """Simulate each served run under the `llamacpp` policy, on the cost model as fitted and as corrected
-    by the evidence re-timed right after it, and set it against the server (see the module docstring):
+    by the evidence re-timed around it, and set it against the server (see the module docstring):
     comparison (requests, a row per model), steps, steps_by_kind and meta (the headline, and the corrections:
     one row per run and kind of step, applied or why not)."""
     settings = replayed["settings"]
