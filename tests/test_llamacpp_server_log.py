@@ -65,3 +65,22 @@ def test_a_log_that_is_not_a_step_log_is_one_clear_line(log, says):
     with pytest.raises(ServerLogError) as refused:
         read_steps(log)
     assert says in str(refused.value) and len(str(refused.value).splitlines()) == 1
+
+
+def test_a_running_servers_log_is_read_as_far_as_it_goes_and_its_reading_cost_grows_with_it(tmp_path):
+    from servingplan.llamacpp.validation import LogSoFar
+
+    path = tmp_path / "server.log"
+    log = LogSoFar(path)
+    # no log yet, then a log with no whole step yet: no steps, and nothing known of the cost
+    assert log.steps() == [] and log.expected_s() == 0.0
+    lines = LOG.splitlines(keepends=True)
+    path.write_text("".join(lines[:4]))
+    assert log.steps() == []
+    # the first two steps logged, the third not yet: slot 1's second chunk reads as running to its prompt's end
+    path.write_text("".join(lines[:19]))
+    assert [step.prefills for step in log.steps()] == [[(1, 64, 0)], [(0, 40, 0), (1, 36, 64)]]
+    assert log.seconds_per_byte > 0
+    smaller = log.expected_s()
+    path.write_text(LOG * 3)
+    assert log.expected_s() == pytest.approx(smaller * len(LOG * 3) / len("".join(lines[:19])))

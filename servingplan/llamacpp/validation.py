@@ -116,12 +116,31 @@ def bench_retimer(profile_points: pd.DataFrame, profile_meta: dict, cap: int, gg
     return BenchRetimer(profile_points, cap)
 
 
-def steps_so_far(log_file: Path) -> list:
-    """The steps a running server has logged so far: none while its log holds no whole step yet."""
-    try:
-        return read_steps(log_file.read_text(errors="replace"))
-    except (OSError, ServerLogError):
-        return []
+class LogSoFar:
+    """The steps a running server has logged so far (none while its log holds no whole step yet), and what
+    reading them costs: the log is read whole each time, megabytes by a low-load run's end (a third of a
+    second), so an idle gap must hold that as well as a tool run. The cost is the log's size at the
+    slowest rate per byte seen."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.seconds_per_byte = 0.0
+
+    def expected_s(self) -> float:
+        try:
+            return self.path.stat().st_size * self.seconds_per_byte
+        except OSError:
+            return 0.0
+
+    def steps(self) -> list:
+        begun = time.perf_counter()
+        try:
+            text = self.path.read_text(errors="replace")
+            steps = read_steps(text)
+        except (OSError, ServerLogError):
+            return []
+        self.seconds_per_byte = max(self.seconds_per_byte, (time.perf_counter() - begun) / max(len(text), 1))
+        return steps
 
 
 def served_shapes(steps) -> list[dict]:
@@ -163,10 +182,17 @@ def run_llamacpp_replay(gguf, cost, profile_points: pd.DataFrame, profile_meta: 
         for point in retimer.uncovered_kinds(first_calls, label):
             retimer.retime(point, label)
 
-        def use_gap(gap_s: float, label=label, log_file=log_file) -> None:
+        log_so_far = LogSoFar(log_file)
+
+        def use_gap(gap_s: float, label=label, log_so_far=log_so_far) -> None:
+            # only a gap that holds reading the log and a tool run, each with the margin that keeps the
+            # next request from waiting
             deadline = time.perf_counter() + gap_s
-            shapes = served_shapes(steps_so_far(log_file))
-            retimer.retime_within(retimer.unmatched(shapes, label), label, gap_s, IDLE_MARGIN)
+            if gap_s < IDLE_MARGIN * (log_so_far.expected_s() + retimer.startup_s):
+                return
+            shapes = served_shapes(log_so_far.steps())
+            retimer.retime_within(retimer.unmatched(shapes, label), label, deadline - time.perf_counter(),
+                                  IDLE_MARGIN)
             retimer.retime_within(retimer.least_timed(shapes, label), label, deadline - time.perf_counter(),
                                   IDLE_MARGIN)
 
