@@ -101,15 +101,19 @@ def bench_retimer(profile_points: pd.DataFrame, profile_meta: dict, cap: int, gg
                 return 0.0
             return self.profiled[GridPoint("prefill", 1, nearest(self.prefill_lengths, point.cached), 0)]
 
+        def profiled_run_s(self, point) -> float:
+            """A tool run's time beyond its start-up, at the profile's speed: its calls and untimed prompt."""
+            return self.profiled[point] * calls + self.untimed_s(point)
+
         def expected_s(self, point) -> float:
-            return self.startup_s + (self.profiled[point] * calls + self.untimed_s(point)) * self.slowest
+            return self.startup_s + self.profiled_run_s(point) * self.slowest
 
         def time_point(self, point):
             begun = time.perf_counter()
             seconds = float(np.median(run_bench(point, settings, Path(gguf), build.binary("llama-batched-bench"))))
             ended = time.perf_counter()
             ratio = seconds / self.profiled[point]
-            startup = max(0.0, ended - begun - (self.profiled[point] * calls + self.untimed_s(point)) * ratio)
+            startup = max(0.0, ended - begun - self.profiled_run_s(point) * ratio)
             self.startup_s = startup if math.isinf(self.startup_s) else max(self.startup_s, startup)
             return ended - self.started, seconds
 
