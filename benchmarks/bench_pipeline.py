@@ -20,11 +20,11 @@ from collections import defaultdict
 from pathlib import Path
 
 # Stages that measure this machine (the profile, the real-time replay, the serving-memory probes, the
-# carry-over check's 1-thread profile, and with engine: llamacpp llama.cpp's profile and replay): they are
+# carry-over check's 1-thread profile, and with engine: llamacpp llama.cpp's profile, server terms and replay): they are
 # not simulation. llama.cpp's profile times short-lived tool processes, whose CPU snakemake's benchmark
 # mostly misses: read its wall time.
 MEASURING = ("profile", "validate_replay", "serving_memory", "profile_one_thread", "llamacpp_profile",
-             "llamacpp_validate_replay")
+             "llamacpp_server_terms", "llamacpp_validate_replay")
 # profile_<fingerprint>.tsv: the profile's file is named by the machine's fingerprint (hex digits)
 FINGERPRINTED = re.compile(r"profile_[0-9a-f]+")
 

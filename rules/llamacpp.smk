@@ -10,7 +10,7 @@
 # 11 to 16 minutes apart on a machine whose speed moves within minutes).
 from servingplan.llamacpp import build as llamacpp_build
 
-localrules: llamacpp_gguf, llamacpp_profile, llamacpp_validate_replay
+localrules: llamacpp_gguf, llamacpp_profile, llamacpp_server_terms, llamacpp_validate_replay
 
 LLAMACPP_DIR = "results/llamacpp"
 LLAMACPP_BUILT = str(llamacpp_build.build_dir() / ".built")
@@ -91,11 +91,45 @@ rule llamacpp_fit:
         "../scripts/fit.py"
 
 
-rule llamacpp_validate_replay:
+# llama-server's own prompt and decode steps against the tool's, paired in time, with the validation's slots and
+# context (servingplan/llamacpp/server_terms.py): the fit with the terms that show a difference applied is the
+# model the validation and the engine comparison simulate llama-server on
+rule llamacpp_server_terms:
     priority: LLAMACPP_MEASURING
     input:
         gguf=rules.llamacpp_gguf.output.gguf,
         costmodel=rules.llamacpp_fit.output.costmodel,
+        profile=rules.llamacpp_profile.output.machine,
+        built=LLAMACPP_BUILT,
+        code=sources("llamacpp/server_terms.py", "llamacpp/server.py", "llamacpp/client.py",
+                     "llamacpp/server_log.py", "llamacpp/profile.py", "llamacpp/build.py", "costmodel.py", "io.py",
+                     "pipeline.py"),
+    output:
+        pairs=f"{LLAMACPP_DIR}/server/pairs.csv",
+        terms=f"{LLAMACPP_DIR}/server/terms.json",
+        costmodel=f"{LLAMACPP_DIR}/server/costmodel.json",
+    params:
+        validation=config_keys(config["validation"], keep=("cap",)),
+        memory=config_keys(config["memory"], keep=("max_context",)),
+        model=LLAMACPP_MODEL,
+        server_log="results/logs/llamacpp_server/server_terms.log",
+    threads: workflow.cores
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    log:
+        "results/logs/llamacpp_server_terms.log",
+    benchmark:
+        "results/benchmarks/llamacpp_server_terms.tsv"
+    script:
+        "../scripts/llamacpp_server_terms.py"
+
+
+rule llamacpp_validate_replay:
+    priority: LLAMACPP_MEASURING
+    input:
+        gguf=rules.llamacpp_gguf.output.gguf,
+        costmodel=rules.llamacpp_server_terms.output.costmodel,
         # the profile's points and settings: before, during and after each run its served shapes are re-timed as profiled
         points=rules.llamacpp_profile.output.points,
         profile=rules.llamacpp_profile.output.machine,
@@ -129,7 +163,8 @@ rule llamacpp_validate_replay:
 rule llamacpp_validate:
     input:
         replay=rules.llamacpp_validate_replay.output.replay,
-        costmodel=rules.llamacpp_fit.output.costmodel,
+        costmodel=rules.llamacpp_server_terms.output.costmodel,
+        terms=rules.llamacpp_server_terms.output.terms,
         code=SIM_SOURCES + sources("llamacpp/validation.py", "serving/replay.py", "validation.py"),
     output:
         summary=f"{LLAMACPP_DIR}/validation/comparison.csv",
@@ -155,7 +190,7 @@ rule engine_comparison:
     input:
         torch_costmodel=COSTMODEL,
         torch_validation=rules.validate.output.meta,
-        llamacpp_costmodel=rules.llamacpp_fit.output.costmodel,
+        llamacpp_costmodel=rules.llamacpp_server_terms.output.costmodel,
         llamacpp_validation=rules.llamacpp_validate.output.meta,
         trace=TRACE_FILE,
         code=SIM_SOURCES + sources("llamacpp/compare.py"),

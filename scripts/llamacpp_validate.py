@@ -7,7 +7,7 @@ from servingplan.pipeline import run_stage
 def main(sm):
     p = sm.params
     out = run_llamacpp_comparison(read_json(sm.input.replay), load(sm.input.costmodel), p.validation, p.memory,
-                                  p.sweep)
+                                  p.sweep, read_json(sm.input.terms))
     write_csv(sm.output.summary, out["comparison"])
     write_csv(sm.output.steps, out["steps"])
     write_csv(sm.output.steps_by_kind, out["steps_by_kind"])

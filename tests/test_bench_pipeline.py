@@ -20,6 +20,7 @@ def test_stages_sum_their_jobs_and_the_measuring_stages_stand_apart(tmp_path, ca
     write(bench / "profile_one_thread.tsv", 150.0, 149.0)  # the carry-over check's profile: its own stage
     write(bench / "carry_over_check.tsv", 30.0, 29.0)
     write(bench / "llamacpp_profile.tsv", 600.0, 50.0)          # engine: llamacpp measures too
+    write(bench / "llamacpp_server_terms.tsv", 40.0, 75.0)
     write(bench / "llamacpp_validate_replay.tsv", 300.0, 390.0)
     write(bench / "llamacpp_validate.tsv", 5.0, 4.0)            # its comparison is simulation
     write(bench / "serving_memory" / "static_cap1.tsv", 30.0, 33.0)
@@ -28,7 +29,7 @@ def test_stages_sum_their_jobs_and_the_measuring_stages_stand_apart(tmp_path, ca
     write(bench / "machines" / "t4" / "capacity" / "static_cap1.tsv", 4.0, 3.0)
     table = {row["stage"]: row for row in bench_pipeline.stage_table(tmp_path)}
     assert set(table) == {"profile", "validate_replay", "serving_memory", "sweep", "machines/t4/capacity",
-                          "profile_one_thread", "carry_over_check", "llamacpp_profile",
+                          "profile_one_thread", "carry_over_check", "llamacpp_profile", "llamacpp_server_terms",
                           "llamacpp_validate_replay", "llamacpp_validate"}
     assert table["profile"]["jobs"] == 1 and table["profile_one_thread"]["measuring"]
     assert not table["carry_over_check"]["measuring"]
@@ -37,6 +38,7 @@ def test_stages_sum_their_jobs_and_the_measuring_stages_stand_apart(tmp_path, ca
     assert table["profile"]["measuring"] and table["validate_replay"]["measuring"] and not table["sweep"]["measuring"]
     assert table["serving_memory"]["measuring"]
     assert table["llamacpp_profile"]["measuring"] and table["llamacpp_validate_replay"]["measuring"]
+    assert table["llamacpp_server_terms"]["measuring"]
     assert not table["llamacpp_validate"]["measuring"]
     assert bench_pipeline.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -73,7 +73,8 @@ def test_a_server_that_exits_while_starting_is_reported(tmp_path):
 
 
 def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_server(tiny_gguf, tmp_path):
-    """The whole llama.cpp chain on the tiny model: llama-batched-bench profile, the torch fit, a few Poisson
+    """The whole llama.cpp chain on the tiny model: llama-batched-bench profile, the torch fit, the server's own
+    terms against the tool's, a few Poisson
     requests served by llama-server (and once more at a batch that splits prompts), the server's step log read
     back, and the `llamacpp` policy's simulation compared with them. Asserts what was served and read, never
     how fast."""
@@ -89,8 +90,24 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
     # the tiny model's chunks after cached tokens are the quick profile's: 8 and 16 tokens after 16
     assert len(profile.points) == 3 + 2 + 2 * 2 and (profile.points["median_s"] > 0).all()
     assert profile.meta["settings"]["cached_prefill"] == [[8, 16], [16, 16]]
-    cost = fit_profile(profile.points, profile.samples, profile.meta, 0.25, 0.05, 0).cost_model
-    assert cost.ctx_mode == "padded_max"
+    fitted = fit_profile(profile.points, profile.samples, profile.meta, 0.25, 0.05, 0).cost_model
+    assert fitted.ctx_mode == "padded_max"
+
+    # llama-server's own prompt and decode steps against the tool's, pair by pair: a quarter, half and all of
+    # the profiled prompts, `rounds` pairs each; the model served is the fit with the terms that show a difference
+    from servingplan.llamacpp.gguf_model import TINY_OVERRIDES
+    from servingplan.llamacpp.server_terms import run_server_terms
+    pairs, terms, cost = run_server_terms(tiny_gguf, fitted, profile.meta, 2, 128, 0, tmp_path / "terms.log",
+                                          TINY_OVERRIDES["vocab_size"])
+    assert sorted(pairs.groupby("kind").size().items()) == [("decode", 6), ("prefill", 6)]
+    assert sorted(set(pairs["prompt_len"])) == [16, 32, 64] and (pairs["ratio"] > 0).all()
+    assert pairs["server_first"].any() and not pairs["server_first"].all()
+    for kind, term in terms["kinds"].items():
+        assert term["pairs"] == 6 and term["applied"] == (term["interval_s"][0] > 0)
+        assert all(value >= 0 for value in term["terms"].values())
+    prefill = terms["kinds"]["prefill"]
+    added = sum(prefill["terms"].values()) and prefill["applied"]
+    assert (cost.prefill_time(64) > fitted.prefill_time(64)) == bool(added)
 
     workload = {"num_requests": 10, "rate": 1.0, "prompt": {"dist": "uniform", "min": 16, "max": 60},
                 "output": {"dist": "uniform", "min": 3, "max": 6}}
@@ -123,7 +140,8 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
         for kind in kinds:
             assert sum((row["kind"], row["batch"]) == kind for row in readings) >= READINGS_PER_KIND
 
-    out = run_llamacpp_comparison(replayed, cost, validation, {"block_size": 16}, {"horizon_factor": 20.0})
+    out = run_llamacpp_comparison(replayed, cost, validation, {"block_size": 16}, {"horizon_factor": 20.0}, terms)
+    assert out["meta"]["server_terms"] == terms["kinds"]
     headline = out["meta"]["headline"]
     assert headline["met"] == headline["corrected"]["met"]
     for model in ("as_fitted", "corrected"):

@@ -23,6 +23,7 @@ from servingplan.config import simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.findings import findings
 from servingplan.io import read_json, write_csv, write_json
+from servingplan.llamacpp.server_terms import summarize as summarize_server_terms
 from servingplan.profiling.fit import fit_profile
 from servingplan.report.outline import OUTLINE
 from servingplan.report.render import TEMPLATE_DIR, environment, fmt_gb, fmt_range, write_report
@@ -806,7 +807,28 @@ def llamacpp_validation_meta(goal_pct: float, gaps: dict) -> dict:
              "agrees": abs(gap) <= goal_pct} for metric, gap in gaps.items()]
     corrected = [{**row, "diff_pct": 0.0, "agrees": True} for row in rows]
     return {"headline": {"as_fitted": {"rows": rows, "met": all(row["agrees"] for row in rows)},
-                         "corrected": {"rows": corrected, "met": True}, "met": True}}
+                         "corrected": {"rows": corrected, "met": True}, "met": True},
+            "server_terms": SERVER_TERMS["kinds"]}
+
+
+def server_pairs(kind: str, extra_s) -> list[dict]:
+    """Pairs at prompts of 128, 256 and 512 tokens, the tool at 1 ms a token, the server `extra_s` slower."""
+    rows = []
+    for i, extra in enumerate(extra_s):
+        length = 128 * 2 ** (i % 3)
+        tool = 1e-3 * length
+        rows.append({"kind": kind, "prompt_len": length, "feature": length, "round": i // 3,
+                     "server_first": bool(i % 2), "tool_s": tool, "server_s": tool + extra,
+                     "ratio": (tool + extra) / tool})
+    return rows
+
+
+# llama-server's prompts 2e-7 s per token squared over the tool's (52 ms at 512 tokens), with noise;
+# its decode steps either side of the tool's
+SERVER_TERMS = summarize_server_terms(pd.DataFrame(
+    server_pairs("prefill", [2e-7 * (128 * 2 ** (i % 3)) ** 2 + noise for i, noise in
+                             enumerate([0.002, -0.002, 0.001, -0.001, 0.003, 0.0, 0.001, -0.003, -0.001])]) +
+    server_pairs("decode", [0.001, -0.001, 0.0005, -0.0005, 0.001, -0.001, 0.0, 0.0005, -0.0005])), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -854,6 +876,15 @@ def test_the_engines_section_follows_validation_and_words_the_planners_compariso
     row = next(line for line in section.splitlines() if line.startswith("| llama.cpp (llama-server) |"))
     assert row.rstrip(" |").endswith("| no | yes")
     assert "Validation goal met once corrected for the machine's speed |" in section
+    # llama-server's own terms against the tool's: prompts slower by a term in L^2, added; decode not shown apart
+    terms = engines["server_terms"]
+    assert terms["prefill"]["applied"] and not terms["decode"]["applied"]
+    assert terms["prefill"]["extra_at_longest_s"] == pytest.approx(2e-7 * 512 ** 2, rel=0.1)
+    flat = " ".join(section.split())
+    assert "timed against the tool's, 9 pairs of each kind" in flat
+    assert "a prompt of 512 tokens cost 5" in flat and "% of the tool's time; 90% interval " in flat
+    assert "The extra prompt terms are added to llama.cpp's model" in flat
+    assert "The decode terms stand as fitted: the interval holds zero" in flat
     assert LEAKS.findall(section) == []
     for line in prose_lines(section):
         assert SNAKE_CASE.findall(line) == [], line

@@ -18,6 +18,9 @@
 - validation: each engine's worst gap on p90 TTFT and mean TPOT between its simulator and its real server
   (torch: its cost model as fitted, the same figure the validation section leads with), and whether every
   figure met the validation goal.
+- server_terms: llama-server's own steps against the benchmark tool's (servingplan.llamacpp.server_terms), as
+  the llama.cpp validation carries them: the llama.cpp cost model is its fit with the terms that show a
+  difference applied.
 - choice: the engine to serve with here: the one meeting more of the two targets in simulation; on a tie,
   the one that kept up, then the one with the lower simulated TTFT; `because` names what decides it (its prefill or its decode
   being faster, from the calls), and `trust` whether that engine's own validation met its goal.
@@ -132,6 +135,7 @@ def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_vali
             "todays_rate": float(today), "mean_prompt_tokens": prompt, "mean_context_tokens": context,
             "slo": {"ttft_ms": slo["ttft_ms"], "ttft_percentile": slo["ttft_percentile"], "tpot_ms": slo["tpot_ms"]},
             "calls": call_rows, "serving": served, "validation": gaps,
+            "server_terms": llama_validation["server_terms"],
             "choice": {"engine": chosen, "other": other, "because": because, "faster_decode": faster_decode,
                        "faster_prefill": faster_prefill, "trust": gaps[chosen]["met"],
                        "meets": served[chosen]["meets_ttft"] + served[chosen]["meets_tpot"],

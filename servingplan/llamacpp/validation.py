@@ -1,6 +1,9 @@
 """Validate the simulator against a real llama-server, in two jobs as for the torch engine
 (servingplan.validation_replay, servingplan.validation):
 
+The cost model both read is llama-server's: the fit with the server terms measured against the tool applied
+(servingplan.llamacpp.server_terms; `cost` below).
+
     run_llamacpp_replay(gguf, cost, profile_points, profile_meta, workload, validation, llamacpp_cfg, memory,
                         seed, log_dir) -> dict
         serve the torch validation's Poisson traces (validation_replay.validation_traces, at the load
@@ -15,8 +18,9 @@
         so far, as the torch replay reads in its engine's gaps) and right after it, with the server
         stopped, until each kind it served has READINGS_PER_KIND readings. A run at a high load has
         few gaps: its evidence is what was read around it.
-    run_llamacpp_comparison(replayed, cost, validation, memory, sweep) -> dict
-        simulate every served trace under the `llamacpp` policy on the llama.cpp cost model, as fitted
+    run_llamacpp_comparison(replayed, cost, validation, memory, sweep, terms) -> dict
+        simulate every served trace under the `llamacpp` policy on the llama.cpp cost model, as fitted (with
+        the server terms, which the meta carries)
         and as corrected by that evidence (servingplan.validation.corrections, the torch validation's
         rule: a kind of step is corrected only where the server's own steps of that kind agree with it),
         and set the requests (p90 TTFT, mean TPOT, ..., with the torch validation's bootstrap intervals:
@@ -306,7 +310,8 @@ def steps_by_kind(steps: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict, sweep: dict) -> dict:
+def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict, sweep: dict,
+                            terms: dict) -> dict:
     """Simulate each served run under the `llamacpp` policy, on the cost model as fitted and as corrected
     by the evidence re-timed around it, and set it against the server (see the module docstring):
     comparison (requests, a row per model), steps, steps_by_kind and meta (the headline, and the corrections:
@@ -345,6 +350,7 @@ def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict
     return {"comparison": comparison, "steps": all_steps, "steps_by_kind": by_kind,
             "meta": {"policy": POLICY, **settings, "service_rate_rps": replayed["service_rate_rps"], "runs": runs,
                      "headline": headline(comparison, validation), "steps_by_kind": by_kind.to_dict("records"),
+                     "server_terms": terms["kinds"],
                      "corrections": corrections_table.to_dict("records")}}
 
 

@@ -1,0 +1,217 @@
+"""llama-server's own steps against llama-batched-bench's, paired in time: the server terms of the llama.cpp cost
+model (results/llamacpp/server/: pairs.csv, terms.json, and costmodel.json, the fit with the terms added, which
+the validation and the engine comparison simulate llama-server on).
+
+    measure_server_terms(gguf, profile_meta, cap, max_context, seed, log_file, vocab_size) -> pairs (DataFrame)
+    summarize(pairs, seed) -> terms;  server_cost_model(fitted, terms) -> CostModel
+
+The profile times llama.cpp through its benchmark tool, while the validation serves a real llama-server.
+Their prompt steps were not the same cost: over the default-size validations of 2026-12-04 the server's
+prompt-only steps ran 1.06x to 1.22x what the tool's prompts cost, read in the same run; sent alone and
+paired with the tool back to back (2026-12-05), prompts of 64 and 192 tokens cost the same, and prompts of
+320 to 512 tokens 5% to 15% more. So the server is measured against the tool here, on the same GGUF, with the
+same threads, n_batch and n_ubatch, and with the validation's slots and context (n_parallel =
+validation.cap, -c cap x memory.max_context). Each pair is one tool run and one request to the server,
+back to back, in alternating order so a drift of the machine's speed falls on both sides:
+- prefill: the tool's prefill point of L tokens (the median of its timed calls) against the server's step
+  for a lone prompt of L tokens (llama-server's step log, servingplan.llamacpp.server_log);
+- decode: the tool's decode point of one sequence after L cached tokens (its timed steps, contexts L and
+  on) against the same request's decode steps at those contexts (its first `warmup` dropped, as the tool
+  drops its warm-up calls).
+
+L runs over the profile's prompt lengths at a quarter, half and all of its range (those a slot holds with
+the replies), `rounds` pairs each: 12 pairs per kind at the default profile.
+
+The server's extra time over the tool's is fitted per kind in the model's own terms, each at least zero (the
+server runs the library's decode and its own work besides): a prompt's per-token and per-token-squared
+terms, a decode step's fixed and per-context-token terms. They are added to the fit only when the 90%
+interval of the extra at the longest length measured (a percentile bootstrap over the pairs, seeded) lies
+above zero: an interval that holds zero shows no difference, and the fit stands. Added terms only raise the
+fit's, which its roofline floors hold. A chunk after cached tokens (the per-token-context term) was not
+measured against the server and stands as fitted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from servingplan.costmodel import CostModel
+from servingplan.llamacpp import build
+from servingplan.llamacpp.client import random_prompts, run_trace
+from servingplan.llamacpp.profile import run_bench
+from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer
+from servingplan.llamacpp.server_log import read_steps
+from servingplan.pipeline import terminal
+from servingplan.profiling.measure import GridPoint
+
+KINDS = ("prefill", "decode")
+# what the server's extra time over the tool's is fitted on, per kind: a prompt's tokens L and L^2 (the work
+# per token and the attention's); a decode step's fixed part and its context (one sequence: its KV read)
+FEATURES = {"prefill": lambda x: np.column_stack([x, x * x]), "decode": lambda x: np.column_stack([np.ones_like(x), x])}
+TERMS = {"prefill": ("prefill_per_token_s", "prefill_per_token_sq_s"),
+         "decode": ("decode_fixed_s", "decode_per_ctx_token_s")}
+INTERVAL = 90
+BOOTSTRAP_DRAWS = 2000
+# a request that takes longer than this is stuck (the longest default pair's request takes under a second)
+REQUEST_TIMEOUT_S = 120.0
+
+
+def say(message: str) -> None:
+    print(f"llama.cpp server terms: {message}", file=terminal(), flush=True)
+
+
+def term_lengths(prefill_lengths, max_context: int, decode_calls: int) -> list[int]:
+    """The prompt lengths the pairs are measured at: the profile's at a quarter, half and all of its list,
+    each leaving a slot room for its reply (decode_calls + 1 tokens) within max_context."""
+    fits = sorted(int(n) for n in prefill_lengths if int(n) + decode_calls + 1 <= max_context)
+    if not fits:
+        raise ValueError(f"llama.cpp server terms: no profiled prompt length leaves room for {decode_calls + 1} "
+                         f"generated tokens within memory.max_context = {max_context}")
+    return sorted({fits[(len(fits) - 1) // 4], fits[(len(fits) - 1) // 2], fits[-1]})
+
+
+def measure_server_terms(gguf, profile_meta: dict, cap: int, max_context: int, seed: int,
+                         log_file, vocab_size: int) -> pd.DataFrame:
+    """One row per pair and kind: L, round, which side ran first, the tool's seconds, the server's seconds
+    and their ratio (see the module docstring)."""
+    settings = profile_meta["settings"]
+    warmup, calls = int(settings["warmup"]), int(settings["warmup"]) + int(settings["repeats"])
+    lengths = term_lengths(settings["prefill_lengths"], max_context, calls)
+    plan = [(round_number, length) for round_number in range(int(settings["rounds"])) for length in lengths]
+    random.Random(seed).shuffle(plan)
+    prompts = random_prompts([length for _, length in plan], vocab_size, seed)
+    binary = build.binary("llama-batched-bench")
+    gguf, log_file = Path(gguf), Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    say(f"{len(plan)} pairs per kind at prompts of {', '.join(map(str, lengths))} tokens, {cap} slots")
+    with LlamaServer(gguf, threads=int(settings["threads"]), n_parallel=cap, ctx=cap * max_context,
+                     n_batch=int(settings["n_batch"]), n_ubatch=int(settings["n_ubatch"]), verbosity=5,
+                     log_file=log_file, extra_args=FLOAT32_KV + STEP_LOG_ARGS) as server:
+        logged = 0   # the steps the log held after the previous request
+        for number, ((round_number, length), prompt) in enumerate(zip(plan, prompts)):
+            server_first = number % 2 == 1
+
+            def serve():
+                nonlocal logged
+                result = run_trace(server.url, np.array([0.0]), [prompt], [calls + 1], timeout_s=REQUEST_TIMEOUT_S)[0]
+                if not result.ok:
+                    raise RuntimeError(f"llama.cpp server terms: a lone request of {length} tokens failed: "
+                                       f"{result.error}")
+                steps = read_steps(log_file.read_text(errors="replace"))
+                ours, logged = steps[logged:], len(steps)
+                return request_steps(ours, length, calls, warmup)
+
+            def bench():
+                return (float(np.median(run_bench(GridPoint("prefill", 1, length, 0), settings, gguf, binary))),
+                        float(np.median(run_bench(GridPoint("decode", 1, 1, length), settings, gguf, binary))))
+
+            if server_first:
+                served = serve()
+                tool = bench()
+            else:
+                tool = bench()
+                served = serve()
+            for kind, tool_s, server_s in zip(KINDS, tool, served):
+                feature = length if kind == "prefill" else length + (warmup + calls - 1) / 2
+                rows.append({"kind": kind, "prompt_len": length, "feature": feature, "round": round_number,
+                             "server_first": server_first, "tool_s": tool_s, "server_s": server_s,
+                             "ratio": server_s / tool_s})
+    return pd.DataFrame(rows)
+
+
+def request_steps(steps: list, length: int, calls: int, warmup: int) -> tuple[float, float]:
+    """A lone request's prompt step and the median of its decode steps after the first `warmup`, from the
+    server's steps since it was sent. ValueError unless they are one prompt-only step of `length` tokens
+    and `calls` decode steps of one sequence."""
+    prompt = [step for step in steps if step.prefills]
+    decode = [step for step in steps if step.decodes and not step.prefills]
+    if (len(prompt) != 1 or prompt[0].decodes or prompt[0].tokens != length or len(decode) != calls
+            or any(len(step.decodes) != 1 for step in decode)):
+        raise ValueError(f"llama.cpp server terms: a lone request of {length} tokens logged "
+                         f"{len(prompt)} prompt steps and {len(decode)} decode steps; expected one prompt step "
+                         f"of {length} tokens and {calls} decode steps of one sequence")
+    return prompt[0].duration_s, float(np.median([step.duration_s for step in decode[warmup:]]))
+
+
+def extra_fit(features: np.ndarray, extra_s: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients of the server's extra seconds over the tool's on `features` (least squares, each
+    column scaled to one so the solve does not depend on the units)."""
+    scale = np.abs(features).max(axis=0)
+    scale[scale == 0] = 1.0
+    return nnls(features / scale, extra_s)[0] / scale
+
+
+def kind_term(kind: str, pairs: pd.DataFrame, seed: int) -> dict:
+    """One kind's extra terms (see the module docstring): the fitted coefficients, the extra at each measured
+    length, and the INTERVAL% bootstrap interval of the extra at the longest, which decides whether they apply."""
+    rows = pairs[pairs["kind"] == kind]
+    x = rows["feature"].to_numpy(float)
+    features = FEATURES[kind](x)
+    extra = (rows["server_s"] - rows["tool_s"]).to_numpy(float)
+    coefficients = extra_fit(features, extra)
+    longest = float(x.max())
+    at_longest = FEATURES[kind](np.array([longest]))[0]
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(BOOTSTRAP_DRAWS):
+        pick = rng.integers(0, len(rows), len(rows))
+        draws.append(float(at_longest @ extra_fit(features[pick], extra[pick])))
+    tail = (100 - INTERVAL) / 2
+    low, high = float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))
+    applied = low > 0.0
+    by_length = []
+    for length, group in rows.groupby("prompt_len"):
+        modelled = float(FEATURES[kind](np.array([group["feature"].iloc[0]]))[0] @ coefficients)
+        by_length.append({"prompt_len": int(length), "pairs": int(len(group)),
+                          "median_ratio": float(np.median(group["ratio"])),
+                          "tool_s": float(np.median(group["tool_s"])), "extra_s": modelled})
+    extra_at_longest = float(at_longest @ coefficients)
+    return {"pairs": int(len(rows)), "terms": dict(zip(TERMS[kind], map(float, coefficients))),
+            "by_length": by_length, "longest": longest, "extra_at_longest_s": extra_at_longest,
+            "extra_at_longest_pct": 100.0 * extra_at_longest / by_length[-1]["tool_s"],
+            "interval_s": [low, high], "applied": applied,
+            "reason": ("the server's steps cost more than the tool's" if applied else
+                       "the interval holds zero: no difference shown")}
+
+
+def summarize(pairs: pd.DataFrame, seed: int) -> dict:
+    """Per kind: its extra terms, whether they apply, and why (kind_term)."""
+    return {"interval_pct": INTERVAL, "kinds": {kind: kind_term(kind, pairs, seed) for kind in KINDS}}
+
+
+def server_cost_model(fitted: CostModel, terms: dict) -> CostModel:
+    """The fitted model with each kind's applied extra terms added: llama-server's step times on this machine."""
+    prefill, decode = terms["kinds"]["prefill"], terms["kinds"]["decode"]
+    add = {name: value if term["applied"] else 0.0 for term in (prefill, decode) for name, value in term["terms"].items()}
+    fixed = add["decode_fixed_s"]
+    return dataclasses.replace(
+        fitted, name=f"{fitted.name}-server",
+        prefill_per_token_s=fitted.prefill_per_token_s + add["prefill_per_token_s"],
+        prefill_per_token_sq_s=fitted.prefill_per_token_sq_s + add["prefill_per_token_sq_s"],
+        decode_fixed_s=fitted.decode_fixed_s + fixed,
+        decode_per_ctx_token_s=fitted.decode_per_ctx_token_s + add["decode_per_ctx_token_s"],
+        decode_batch_fixed_s=tuple((batch, seconds + fixed) for batch, seconds in fitted.decode_batch_fixed_s),
+        meta={**fitted.meta, "server_terms": {kind: {key: terms["kinds"][kind][key] for key in
+                                                     ("terms", "extra_at_longest_s", "interval_s", "applied")}
+                                              for kind in KINDS}})
+
+
+def run_server_terms(gguf, fitted: CostModel, profile_meta: dict, cap: int, max_context: int,
+                     seed: int, log_file, vocab_size: int) -> tuple[pd.DataFrame, dict, CostModel]:
+    begun = time.perf_counter()
+    pairs = measure_server_terms(gguf, profile_meta, cap, max_context, seed, log_file, vocab_size)
+    terms = {**summarize(pairs, seed), "wall_time_s": time.perf_counter() - begun,
+             "settings": {"cap": cap, "ctx": cap * max_context}}
+    for kind, term in terms["kinds"].items():
+        low, high = term["interval_s"]
+        say(f"{kind}: the server's extra over the tool's at {term['longest']:g} tokens {term['extra_at_longest_s'] * 1e3:.2f} ms "
+            f"(90% interval {low * 1e3:.2f} to {high * 1e3:.2f} ms) over {term['pairs']} pairs; "
+            f"{'applied' if term['applied'] else 'not applied'} ({term['reason']})")
+    return pairs, terms, server_cost_model(fitted, terms)

@@ -1,0 +1,117 @@
+"""llama-server's own steps against the benchmark tool's (servingplan.llamacpp.server_terms): where the pairs are
+measured, how a lone request's steps are read from the server's log, when a term is applied, and the model it
+gives. The measurement itself runs in the end-to-end test on the tiny GGUF (test_llamacpp_e2e.py)."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from servingplan.costmodel import CostModel
+from servingplan.llamacpp.server_log import Step
+from servingplan.llamacpp.server_terms import request_steps, server_cost_model, summarize, term_lengths
+
+DEFAULT_LENGTHS = [16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512]
+
+
+def test_pairs_are_measured_at_a_quarter_half_and_all_of_the_profiled_prompts():
+    assert term_lengths(DEFAULT_LENGTHS, 768, 4) == [64, 192, 512]
+    # a slot of 300 tokens holds prompts up to 295 with their 5 generated tokens
+    assert term_lengths(DEFAULT_LENGTHS, 300, 4) == [32, 96, 256]
+    assert term_lengths([16, 32], 768, 4) == [16, 32]
+    with pytest.raises(ValueError, match="no profiled prompt length leaves room for 5 generated tokens"):
+        term_lengths([512], 400, 4)
+
+
+def lone_request(length: int, decode_s: list) -> list:
+    steps = [Step(0.0, 2048, end_s=0.4, prefills=[(3, length, 0)])]
+    t = 0.4
+    for context, seconds in enumerate(decode_s, start=length):
+        steps.append(Step(t, 2048, end_s=t + seconds, decodes=[(3, context)]))
+        t += seconds
+    return steps
+
+
+def test_a_lone_requests_prompt_step_and_its_decode_steps_after_the_warm_up():
+    prompt_s, decode_s = request_steps(lone_request(256, [0.05, 0.020, 0.022, 0.021]), 256, 4, 1)
+    assert prompt_s == pytest.approx(0.4) and decode_s == pytest.approx(0.021)
+
+
+@pytest.mark.parametrize("steps, why", [
+    (lone_request(128, [0.02] * 4), "1 prompt steps and 4 decode steps"),            # another length
+    (lone_request(256, [0.02] * 3), "1 prompt steps and 3 decode steps"),            # a step short
+    (lone_request(256, [0.02] * 4) + [Step(2.0, 2048, end_s=2.1, prefills=[(1, 32, 0)])], "2 prompt steps"),
+    ([Step(0.0, 2048, end_s=0.4, prefills=[(3, 256, 0)], decodes=[(1, 90)])] + lone_request(256, [0.02] * 4)[1:],
+     "1 prompt steps"),                                                               # another request decoding
+])
+def test_a_request_that_did_not_run_alone_is_refused(steps, why):
+    with pytest.raises(ValueError, match=why):
+        request_steps(steps, 256, 4, 1)
+
+
+def pairs(kind: str, extra_of, noise) -> list[dict]:
+    """Pairs at 64, 192 and 512 tokens (a decode step's context: the same), the tool at 1 ms a token or 20 ms a
+    step, the server `extra_of(L)` + noise slower."""
+    rows = []
+    for i, jitter in enumerate(noise):
+        length = (64, 192, 512)[i % 3]
+        tool = 1e-3 * length if kind == "prefill" else 0.02
+        server = tool + extra_of(length) + jitter
+        rows.append({"kind": kind, "prompt_len": length, "feature": float(length), "round": i // 3,
+                     "server_first": bool(i % 2), "tool_s": tool, "server_s": server, "ratio": server / tool})
+    return rows
+
+
+NOISE = [0.002, -0.001, 0.001, -0.002, 0.0, 0.0015, -0.0005, 0.001, -0.0015, 0.0005, -0.001, 0.0]
+
+
+def terms_of(prefill_extra, decode_extra, noise=NOISE) -> dict:
+    frame = pd.DataFrame(pairs("prefill", prefill_extra, noise) + pairs("decode", decode_extra, [n / 20 for n in noise]))
+    return summarize(frame, seed=0)["kinds"]
+
+
+def test_the_servers_extra_prompt_time_is_fitted_in_the_models_terms_and_added_when_shown():
+    # the server's prompts cost 2.5e-7 s per token squared more than the tool's: 66 ms at 512 tokens
+    terms = terms_of(lambda n: 2.5e-7 * n * n, lambda n: 0.0)
+    prefill, decode = terms["prefill"], terms["decode"]
+    assert prefill["pairs"] == 12 and prefill["longest"] == 512
+    assert prefill["terms"]["prefill_per_token_sq_s"] == pytest.approx(2.5e-7, rel=0.1)
+    assert prefill["terms"]["prefill_per_token_s"] >= 0
+    low, high = prefill["interval_s"]
+    assert 0 < low <= prefill["extra_at_longest_s"] <= high
+    assert prefill["extra_at_longest_pct"] == pytest.approx(100 * prefill["extra_at_longest_s"] / 0.512)
+    assert prefill["applied"] and [row["prompt_len"] for row in prefill["by_length"]] == [64, 192, 512]
+    # decode steps on either side of the tool's: the interval holds zero
+    assert decode["interval_s"][0] <= 0 and not decode["applied"] and "holds zero" in decode["reason"]
+
+
+def test_a_server_that_reads_faster_than_the_tool_adds_nothing():
+    terms = terms_of(lambda n: -1e-5 * n, lambda n: -0.001)
+    for term in terms.values():
+        assert all(value == 0 for value in term["terms"].values())     # never below the tool: non-negative
+        assert not term["applied"]
+
+
+def test_the_summary_is_the_same_for_the_same_pairs_and_seed():
+    noise = list(np.random.default_rng(3).normal(0, 0.003, 12))
+    assert terms_of(lambda n: 1e-4 * n, lambda n: 1e-6 * n, noise) == terms_of(lambda n: 1e-4 * n, lambda n: 1e-6 * n, noise)
+
+
+def test_the_server_model_is_the_fit_with_the_applied_terms_added():
+    fitted = CostModel(0.02, 0.005, 1.8e-5, 0.024, 1.4e-3, 2e-7, 2.7e-7, "padded_max", "fit", "test", {"goal_met": True},
+                       ((1, 0.024), (2, 0.032)))
+    terms = {"kinds": terms_of(lambda n: 2.5e-7 * n * n, lambda n: 0.004 + 2e-6 * n, [0.0] * 12)}
+    model = server_cost_model(fitted, terms)
+    sq = terms["kinds"]["prefill"]["terms"]["prefill_per_token_sq_s"]
+    per_token = terms["kinds"]["prefill"]["terms"]["prefill_per_token_s"]
+    assert model.prefill_time(256) == pytest.approx(fitted.prefill_time(256) + per_token * 256 + sq * 256 ** 2)
+    assert model.prefill_time(64, cached=128) - fitted.prefill_time(64, cached=128) == pytest.approx(
+        per_token * 64 + sq * 64 ** 2)                                   # the chunk-after-cache term as fitted
+    decode = terms["kinds"]["decode"]["terms"]
+    assert decode["decode_fixed_s"] == pytest.approx(0.004, rel=0.05)
+    for batch in (1, 2, 3):
+        assert model.decode_time(batch, 0, 300) == pytest.approx(
+            fitted.decode_time(batch, 0, 300) + decode["decode_fixed_s"] + decode["decode_per_ctx_token_s"] * batch * 300)
+    assert model.meta["goal_met"] and model.meta["server_terms"]["prefill"]["applied"]
+    assert CostModel.from_dict(model.to_dict()).prefill_time(256) == pytest.approx(model.prefill_time(256))
+    # a term not shown adds nothing
+    shown_none = {"kinds": terms_of(lambda n: 0.0, lambda n: 0.0)}
+    assert server_cost_model(fitted, shown_none).prefill_time(300) == pytest.approx(fitted.prefill_time(300))
