@@ -94,16 +94,19 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
     assert fitted.ctx_mode == "padded_max"
 
     # llama-server's own prompt and decode steps against the tool's, pair by pair: a quarter, half and all of
-    # the profiled prompts, `rounds` pairs each; the model served is the fit with the terms that show a difference
+    # the profiled prompts, and the profile's chunks after cached tokens (at -b of the chunk), `rounds` pairs
+    # each; the model served is the fit with the terms that show a difference
     from servingplan.llamacpp.gguf_model import TINY_OVERRIDES
     from servingplan.llamacpp.server_terms import run_server_terms
     pairs, terms, cost = run_server_terms(tiny_gguf, fitted, profile.meta, 2, 128, 0, tmp_path / "terms.log",
                                           TINY_OVERRIDES["vocab_size"])
-    assert sorted(pairs.groupby("kind").size().items()) == [("decode", 6), ("prefill", 6)]
-    assert sorted(set(pairs["prompt_len"])) == [16, 32, 64] and (pairs["ratio"] > 0).all()
+    assert sorted(pairs.groupby("kind").size().items()) == [("decode", 6), ("prefill", 6), ("prefill_cached", 4)]
+    assert sorted(set(pairs.loc[pairs["kind"] == "prefill", "prompt_len"])) == [16, 32, 64] and (pairs["ratio"] > 0).all()
+    chunks = pairs[pairs["kind"] == "prefill_cached"]
+    assert sorted(zip(chunks["prompt_len"], chunks["cached"])) == [(8, 16), (8, 16), (16, 16), (16, 16)]
     assert pairs["server_first"].any() and not pairs["server_first"].all()
     for kind, term in terms["kinds"].items():
-        assert term["pairs"] == 6 and term["applied"] == (term["interval_s"][0] > 0)
+        assert term["pairs"] == (4 if kind == "prefill_cached" else 6) and term["applied"] == (term["interval_s"][0] > 0)
         assert all(value >= 0 for value in term["terms"].values())
     prefill = terms["kinds"]["prefill"]
     added = sum(prefill["terms"].values()) and prefill["applied"]

@@ -7,7 +7,7 @@ import pytest
 
 from servingplan.costmodel import CostModel
 from servingplan.llamacpp.server_log import Step
-from servingplan.llamacpp.server_terms import request_steps, server_cost_model, summarize, term_lengths
+from servingplan.llamacpp.server_terms import last_chunk, request_steps, server_cost_model, summarize, term_lengths
 
 DEFAULT_LENGTHS = [16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512]
 
@@ -55,7 +55,7 @@ def pairs(kind: str, extra_of, noise) -> list[dict]:
         length = (64, 192, 512)[i % 3]
         tool = 1e-3 * length if kind == "prefill" else 0.02
         server = tool + extra_of(length) + jitter
-        rows.append({"kind": kind, "prompt_len": length, "feature": float(length), "round": i // 3,
+        rows.append({"kind": kind, "prompt_len": length, "cached": 0, "feature": float(length), "round": i // 3,
                      "server_first": bool(i % 2), "tool_s": tool, "server_s": server, "ratio": server / tool})
     return rows
 
@@ -63,8 +63,23 @@ def pairs(kind: str, extra_of, noise) -> list[dict]:
 NOISE = [0.002, -0.001, 0.001, -0.002, 0.0, 0.0015, -0.0005, 0.001, -0.0015, 0.0005, -0.001, 0.0]
 
 
-def terms_of(prefill_extra, decode_extra, noise=NOISE) -> dict:
-    frame = pd.DataFrame(pairs("prefill", prefill_extra, noise) + pairs("decode", decode_extra, [n / 20 for n in noise]))
+def chunk_pairs(extra_of, noise) -> list[dict]:
+    """Chunks of 128 and 256 tokens after 256 and 512 cached, the tool at 1 ms a token plus 1 us per token
+    cached, the server `extra_of(C, P)` + noise slower."""
+    rows = []
+    for i, jitter in enumerate(noise):
+        chunk, cached = ((128, 256), (256, 256), (128, 512), (256, 512))[i % 4]
+        tool = 1e-3 * chunk + 1e-6 * cached
+        server = tool + extra_of(chunk, cached) + jitter
+        rows.append({"kind": "prefill_cached", "prompt_len": chunk, "cached": cached, "feature": float(chunk * cached),
+                     "round": i // 4, "server_first": bool(i % 2), "tool_s": tool, "server_s": server,
+                     "ratio": server / tool})
+    return rows
+
+
+def terms_of(prefill_extra, decode_extra, noise=NOISE, chunk_extra=None) -> dict:
+    frame = pd.DataFrame(pairs("prefill", prefill_extra, noise) + pairs("decode", decode_extra, [n / 20 for n in noise])
+                         + (chunk_pairs(chunk_extra, noise) if chunk_extra else []))
     return summarize(frame, seed=0)["kinds"]
 
 
@@ -115,3 +130,42 @@ def test_the_server_model_is_the_fit_with_the_applied_terms_added():
     # a term not shown adds nothing
     shown_none = {"kinds": terms_of(lambda n: 0.0, lambda n: 0.0)}
     assert server_cost_model(fitted, shown_none).prefill_time(300) == pytest.approx(fitted.prefill_time(300))
+
+
+def chunk_steps(chunk: int, cached: int, seconds=0.25) -> list:
+    return [Step(i * seconds, chunk, end_s=(i + 1) * seconds, prefills=[(2, chunk, before)])
+            for i, before in enumerate(range(0, cached + 1, chunk))]
+
+
+def test_a_lone_prompt_at_a_small_batch_gives_its_chunk_after_the_cached_tokens():
+    steps = chunk_steps(128, 256)
+    steps[-1].end_s += 0.05
+    assert last_chunk(steps, 128, 256) == pytest.approx(0.30)
+    with pytest.raises(ValueError, match="not its chunks of 128 alone"):
+        last_chunk(steps[:-1], 128, 256)                               # a chunk short
+    mixed = chunk_steps(128, 256)
+    mixed[1].decodes = [(5, 40)]
+    with pytest.raises(ValueError, match="not its chunks of 128 alone"):
+        last_chunk(mixed, 128, 256)                                    # another request decoding beside it
+
+
+def test_a_chunks_extra_is_fitted_beyond_what_the_prompt_terms_give_it():
+    # prompts 2.5e-7 s per token squared over the tool's; a chunk that and 4e-7 s per token x cached token more
+    terms = terms_of(lambda n: 2.5e-7 * n * n, lambda n: 0.0, NOISE,
+                     lambda c, p: 2.5e-7 * c * c + 4e-7 * c * p)
+    chunk = terms["prefill_cached"]
+    assert chunk["pairs"] == 12 and chunk["largest"] == {"prompt_len": 256, "cached": 512}
+    assert chunk["terms"]["prefill_per_token_ctx_s"] == pytest.approx(4e-7, rel=0.1)
+    assert chunk["applied"] and chunk["interval_s"][0] > 0
+    # a chunk that costs the server only what the prompt terms give it shows nothing more
+    same = terms_of(lambda n: 2.5e-7 * n * n, lambda n: 0.0, NOISE, lambda c, p: 2.5e-7 * c * c)["prefill_cached"]
+    assert not same["applied"]
+
+
+def test_the_server_model_adds_an_applied_chunk_term():
+    fitted = CostModel(0.02, 0.005, 1.8e-5, 0.024, 1.4e-3, 2e-7, 2.7e-7, "padded_max", "fit", "test", {})
+    terms = {"kinds": terms_of(lambda n: 0.0, lambda n: 0.0, [0.0] * 12, lambda c, p: 4e-7 * c * p)}
+    model = server_cost_model(fitted, terms)
+    ctx = terms["kinds"]["prefill_cached"]["terms"]["prefill_per_token_ctx_s"]
+    assert model.prefill_time(128, cached=256) == pytest.approx(fitted.prefill_time(128, cached=256) + ctx * 128 * 256)
+    assert model.prefill_time(300) == pytest.approx(fitted.prefill_time(300))

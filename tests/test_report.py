@@ -817,18 +817,33 @@ def server_pairs(kind: str, extra_s) -> list[dict]:
     for i, extra in enumerate(extra_s):
         length = 128 * 2 ** (i % 3)
         tool = 1e-3 * length
-        rows.append({"kind": kind, "prompt_len": length, "feature": length, "round": i // 3,
+        rows.append({"kind": kind, "prompt_len": length, "cached": 0, "feature": length, "round": i // 3,
                      "server_first": bool(i % 2), "tool_s": tool, "server_s": tool + extra,
                      "ratio": (tool + extra) / tool})
     return rows
 
 
-# llama-server's prompts 2e-7 s per token squared over the tool's (52 ms at 512 tokens), with noise;
-# its decode steps either side of the tool's
+def chunk_pairs(extra_of) -> list[dict]:
+    """Pairs of a chunk of 128 or 256 tokens after 256 or 512 cached, the tool at 1 ms a token, the server
+    extra_of(C, P) slower."""
+    rows = []
+    for i in range(8):
+        chunk, cached = ((128, 256), (256, 256), (128, 512), (256, 512))[i % 4]
+        tool = 1e-3 * chunk
+        server = tool + extra_of(chunk, cached)
+        rows.append({"kind": "prefill_cached", "prompt_len": chunk, "cached": cached, "feature": chunk * cached,
+                     "round": i // 4, "server_first": bool(i % 2), "tool_s": tool, "server_s": server,
+                     "ratio": server / tool})
+    return rows
+
+
+# llama-server's prompts 2e-7 s per token squared over the tool's (52 ms at 512 tokens), with noise; its
+# decode steps either side of the tool's; its chunks after cached tokens 3e-7 s per token x cached token more
 SERVER_TERMS = summarize_server_terms(pd.DataFrame(
     server_pairs("prefill", [2e-7 * (128 * 2 ** (i % 3)) ** 2 + noise for i, noise in
                              enumerate([0.002, -0.002, 0.001, -0.001, 0.003, 0.0, 0.001, -0.003, -0.001])]) +
-    server_pairs("decode", [0.001, -0.001, 0.0005, -0.0005, 0.001, -0.001, 0.0, 0.0005, -0.0005])), seed=0)
+    server_pairs("decode", [0.001, -0.001, 0.0005, -0.0005, 0.001, -0.001, 0.0, 0.0005, -0.0005]) +
+    chunk_pairs(lambda c, p: 2e-7 * c * c + 3e-7 * c * p + 0.001 * (-1) ** (c * p // 32768))), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -878,10 +893,13 @@ def test_the_engines_section_follows_validation_and_words_the_planners_compariso
     assert "Validation goal met once corrected for the machine's speed |" in section
     # llama-server's own terms against the tool's: prompts slower by a term in L^2, added; decode not shown apart
     terms = engines["server_terms"]
-    assert terms["prefill"]["applied"] and not terms["decode"]["applied"]
+    assert terms["prefill"]["applied"] and not terms["decode"]["applied"] and terms["prefill_cached"]["applied"]
     assert terms["prefill"]["extra_at_longest_s"] == pytest.approx(2e-7 * 512 ** 2, rel=0.1)
     flat = " ".join(section.split())
-    assert "timed against the tool's, 9 pairs of each kind" in flat
+    assert ("timed against the tool's, back to back (9 pairs of prompts and of decode steps, 8 pairs of chunks "
+            "after cached tokens)") in flat
+    assert "a chunk of 256 tokens after 512 tokens cached, beyond the prompt terms, cost " in flat
+    assert "The extra chunk terms are added to llama.cpp's model" in flat
     assert "a prompt of 512 tokens cost 5" in flat and "% of the tool's time; 90% interval " in flat
     assert "The extra prompt terms are added to llama.cpp's model" in flat
     assert "The decode terms stand as fitted: the interval holds zero" in flat
