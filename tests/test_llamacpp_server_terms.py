@@ -169,3 +169,53 @@ def test_the_server_model_adds_an_applied_chunk_term():
     ctx = terms["kinds"]["prefill_cached"]["terms"]["prefill_per_token_ctx_s"]
     assert model.prefill_time(128, cached=256) == pytest.approx(fitted.prefill_time(128, cached=256) + ctx * 128 * 256)
     assert model.prefill_time(300) == pytest.approx(fitted.prefill_time(300))
+
+
+LONE_PROMPT = """\
+0.00.100.000 I slot   operator(): id  0 | task 0 | new prompt, n_ctx_slot = 1024, n_keep = 0, task.n_tokens = 40
+0.00.100.100 I slot   operator(): id  0 | task 0 | cached n_tokens = 0, memory_seq_rm [0, end)
+0.00.100.200 D srv        decode: n_batch (effective) = 2048, off = 0
+0.00.100.210 D que  yield_to_que: yielding to queue
+0.00.180.200 D que  yield_to_que: done yielding to queue
+"""
+LONE_DECODES = """\
+0.00.181.000 D slot handle_last_: id  0 | task 0 | slot decode token, id=7, n_ctx = 1024, n_tokens = 40, truncated = 0
+0.00.181.100 D srv        decode: n_batch (effective) = 2048, off = 0
+0.00.181.110 D que  yield_to_que: yielding to queue
+0.00.201.100 D que  yield_to_que: done yielding to queue
+0.00.202.000 D slot handle_last_: id  0 | task 0 | slot decode token, id=9, n_ctx = 1024, n_tokens = 41, truncated = 0
+0.00.202.100 D srv        decode: n_batch (effective) = 2048, off = 0
+0.00.202.110 D que  yield_to_que: yielding to queue
+0.00.224.100 D que  yield_to_que: done yielding to queue
+"""
+
+
+def answered_while_the_log_lags(monkeypatch, log, lag_s, rest=LONE_DECODES):
+    """run_trace stand-in: the request is answered at once, its prompt step is in the log, its decode steps
+    reach the log `lag_s` later (as the server's log thread can lag its responses)."""
+    import threading
+    from servingplan.llamacpp import server_terms
+    from servingplan.llamacpp.client import RequestResult
+
+    def answered(url, arrivals, prompts, max_tokens, timeout_s):
+        log.write_text(LONE_PROMPT)
+        threading.Timer(lag_s, lambda: log.write_text(LONE_PROMPT + rest)).start()
+        return [RequestResult(0, 0.0, len(prompts[0]), max_tokens[0], token_times_s=[0.1] * max_tokens[0])]
+
+    monkeypatch.setattr(server_terms, "run_trace", answered)
+    return server_terms.LoneRequests("http://127.0.0.1:1", log)
+
+
+def test_a_lone_requests_steps_are_read_once_the_servers_log_has_them_all(monkeypatch, tmp_path):
+    lone = answered_while_the_log_lags(monkeypatch, tmp_path / "server.log", 0.3)
+    prompt_s, decode_s = lone.read(list(range(40)), 3, lambda steps: request_steps(steps, 40, 2, 0))
+    assert prompt_s == pytest.approx(0.080) and decode_s == pytest.approx(0.021)
+    assert lone.logged == 3
+
+
+def test_a_lone_request_whose_steps_never_reach_the_log_is_refused(monkeypatch, tmp_path):
+    from servingplan.llamacpp import server_terms
+    monkeypatch.setattr(server_terms, "LOG_WAIT_S", 0.3)
+    lone = answered_while_the_log_lags(monkeypatch, tmp_path / "server.log", 0.05, rest="")
+    with pytest.raises(ValueError, match="logged 1 prompt steps and 0 decode steps"):
+        lone.read(list(range(40)), 3, lambda steps: request_steps(steps, 40, 2, 0))

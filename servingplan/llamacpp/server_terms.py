@@ -50,7 +50,7 @@ from servingplan.llamacpp import build
 from servingplan.llamacpp.client import random_prompts, run_trace
 from servingplan.llamacpp.profile import run_bench
 from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer
-from servingplan.llamacpp.server_log import read_steps
+from servingplan.llamacpp.server_log import ServerLogError, read_steps
 from servingplan.pipeline import terminal
 from servingplan.profiling.measure import GridPoint
 
@@ -67,6 +67,9 @@ INTERVAL = 90
 BOOTSTRAP_DRAWS = 2000
 # a request that takes longer than this is stuck (the longest default pair's request takes under a second)
 REQUEST_TIMEOUT_S = 120.0
+# how long a lone request's steps may take to reach the server's log after its response, and how often to look
+LOG_WAIT_S = 10.0
+LOG_POLL_S = 0.05
 
 
 def say(message: str) -> None:
@@ -105,7 +108,7 @@ def measure_server_terms(gguf, profile_meta: dict, cap: int, max_context: int, s
         lone = LoneRequests(server.url, log_file)
         for number, ((round_number, length), prompt) in enumerate(zip(plan, prompts)):
             server_first, served, tool = in_turn(
-                number, lambda: request_steps(lone.steps(prompt, calls + 1), length, calls, warmup),
+                number, lambda: lone.read(prompt, calls + 1, lambda steps: request_steps(steps, length, calls, warmup)),
                 lambda: (float(np.median(run_bench(GridPoint("prefill", 1, length, 0), settings, gguf, binary))),
                          float(np.median(run_bench(GridPoint("decode", 1, 1, length), settings, gguf, binary)))))
             for kind, tool_s, server_s in zip(("prefill", "decode"), tool, served):
@@ -140,7 +143,7 @@ def measure_chunks(gguf: Path, settings: dict, cap: int, max_context: int, seed:
             lone = LoneRequests(server.url, chunk_log)
             for number, ((round_number, cached), prompt) in enumerate(zip(plan, prompts)):
                 server_first, server_s, tool_s = in_turn(
-                    number, lambda: last_chunk(lone.steps(prompt, 1), chunk, cached),
+                    number, lambda: lone.read(prompt, 1, lambda steps: last_chunk(steps, chunk, cached)),
                     lambda: float(np.median(run_bench(GridPoint("prefill_cached", 1, chunk, cached), settings,
                                                       gguf, binary))))
                 rows.append({"kind": "prefill_cached", "prompt_len": chunk, "cached": cached,
@@ -150,18 +153,30 @@ def measure_chunks(gguf: Path, settings: dict, cap: int, max_context: int, seed:
 
 
 class LoneRequests:
-    """Requests sent to a server one at a time, each read back as the steps its log added for it."""
+    """Requests sent to a server one at a time, each read back from the steps its log added for it. The
+    server writes its log from a thread of its own, which can lag the response (on a busy machine, a whole
+    request's steps were not in the log yet when its last token arrived): the log is read again until
+    `read` accepts the steps, for at most LOG_WAIT_S."""
 
     def __init__(self, url: str, log_file: Path):
         self.url, self.log_file, self.logged = url, log_file, 0
 
-    def steps(self, prompt: list, max_tokens: int) -> list:
+    def read(self, prompt: list, max_tokens: int, read):
         result = run_trace(self.url, np.array([0.0]), [prompt], [max_tokens], timeout_s=REQUEST_TIMEOUT_S)[0]
         if not result.ok:
             raise RuntimeError(f"llama.cpp server terms: a lone request of {len(prompt)} tokens failed: {result.error}")
-        steps = read_steps(self.log_file.read_text(errors="replace"))
-        ours, self.logged = steps[self.logged:], len(steps)
-        return ours
+        deadline = time.perf_counter() + LOG_WAIT_S
+        while True:
+            try:
+                steps = read_steps(self.log_file.read_text(errors="replace"))
+                value = read(steps[self.logged:])
+            except (ServerLogError, ValueError):
+                if time.perf_counter() < deadline:
+                    time.sleep(LOG_POLL_S)
+                    continue
+                raise
+            self.logged = len(steps)
+            return value
 
 
 def in_turn(number: int, serve, bench) -> tuple:
