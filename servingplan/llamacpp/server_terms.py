@@ -102,9 +102,8 @@ def measure_server_terms(gguf, profile_meta: dict, cap: int, max_context: int, s
     log_file.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     say(f"{len(plan)} pairs per kind at prompts of {', '.join(map(str, lengths))} tokens, {cap} slots")
-    with LlamaServer(gguf, threads=int(settings["threads"]), n_parallel=cap, ctx=cap * max_context,
-                     n_batch=int(settings["n_batch"]), n_ubatch=int(settings["n_ubatch"]), verbosity=5,
-                     log_file=log_file, extra_args=FLOAT32_KV + STEP_LOG_ARGS) as server:
+    with validation_server(gguf, settings, cap, max_context, int(settings["n_batch"]), int(settings["n_ubatch"]),
+                           log_file) as server:
         lone = LoneRequests(server.url, log_file)
         for number, ((round_number, length), prompt) in enumerate(zip(plan, prompts)):
             server_first, served, tool = in_turn(
@@ -137,9 +136,8 @@ def measure_chunks(gguf: Path, settings: dict, cap: int, max_context: int, seed:
         chunk_log = log_file.with_name(f"{log_file.stem}_b{chunk}{log_file.suffix}")
         after = ", ".join(str(cached) for cached in sorted({cached for _, cached in plan}))
         say(f"{len(plan)} pairs of a chunk of {chunk} tokens after {after} cached")
-        with LlamaServer(gguf, threads=int(settings["threads"]), n_parallel=cap, ctx=cap * max_context,
-                         n_batch=chunk, n_ubatch=min(chunk, int(settings["n_ubatch"])), verbosity=5,
-                         log_file=chunk_log, extra_args=FLOAT32_KV + STEP_LOG_ARGS) as server:
+        with validation_server(gguf, settings, cap, max_context, chunk, min(chunk, int(settings["n_ubatch"])),
+                               chunk_log) as server:
             lone = LoneRequests(server.url, chunk_log)
             for number, ((round_number, cached), prompt) in enumerate(zip(plan, prompts)):
                 server_first, server_s, tool_s = in_turn(
@@ -150,6 +148,15 @@ def measure_chunks(gguf: Path, settings: dict, cap: int, max_context: int, seed:
                              "feature": chunk * cached, "round": round_number, "server_first": server_first,
                              "tool_s": tool_s, "server_s": server_s, "ratio": server_s / tool_s})
     return rows
+
+
+def validation_server(gguf: Path, settings: dict, cap: int, max_context: int, n_batch: int, n_ubatch: int,
+                      log_file: Path) -> LlamaServer:
+    """A llama-server with the validation's slots and context, the profile's threads, a float32 KV cache and
+    the step log, at the given batch sizes."""
+    return LlamaServer(gguf, threads=int(settings["threads"]), n_parallel=cap, ctx=cap * max_context,
+                       n_batch=n_batch, n_ubatch=n_ubatch, verbosity=5, log_file=log_file,
+                       extra_args=FLOAT32_KV + STEP_LOG_ARGS)
 
 
 class LoneRequests:
