@@ -97,6 +97,46 @@ def test_the_engine_step_functions_on_a_pool_match_a_plain_prefill_of_the_longer
         torch.testing.assert_close(logits[slot], expected, rtol=1e-4, atol=1e-5)
 
 
+def test_the_step_functions_write_each_new_entry_into_its_slot_in_place():
+    model = tiny_model()
+    prompts = torch.randint(model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+    pool = KVPool(model.config, slots=2, capacity=16)
+    storage = (pool.keys.data_ptr(), pool.values.data_ptr())
+    prefill_step(model, pool, 1, prompts[1:, :4], cached=0)
+    prefill_step(model, pool, 1, prompts[1:, 4:7], cached=4)     # a second chunk after the first
+    prefill_step(model, pool, 0, prompts[:1, :10], cached=0)
+    decode_step(model, pool, torch.tensor([10, 7]), torch.stack([prompts[0, 10:11], prompts[1, 7:8]]))
+    assert (pool.keys.data_ptr(), pool.values.data_ptr()) == storage
+    assert pool.stored == [11, 8]
+    # what a plain prefill of each sequence's tokens so far caches, at the same positions of its slot
+    for slot, length in ((0, 11), (1, 8)):
+        cache = prefill_call(model, prompts[slot:slot + 1, :length]).past_key_values
+        for layer, plain in enumerate(cache.layers):
+            torch.testing.assert_close(pool.keys[layer, slot, :, :length], plain.keys[0], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(pool.values[layer, slot, :, :length], plain.values[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_decode_step_allocates_nothing_that_grows_like_a_copy_of_the_batch_s_past():
+    model = tiny_model()
+    config = model.config
+    batch = 4
+    pool = KVPool(config, slots=batch, capacity=900)
+    ids = torch.zeros(batch, 1, dtype=torch.long)
+
+    def allocated_bytes(context: int) -> int:
+        lengths = torch.tensor([context, context - 3, context // 2, context - 1])
+        decode_step(model, pool, lengths, ids)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            decode_step(model, pool, lengths, ids)
+        return sum(event.cpu_memory_usage for event in prof.events() if event.cpu_memory_usage > 0)
+
+    per_context_token = (allocated_bytes(800) - allocated_bytes(100)) / 700
+    # a copy of the batch's past (a DynamicCache's concatenation) allocates the whole K and V of every
+    # row per context token; what is left grows with attention's scores and mask, far below that
+    batch_kv_per_token = batch * 2 * config.n_layer * config.n_embd * 4
+    assert per_context_token < batch_kv_per_token / 4
+
+
 def test_profiled_decode_batches_are_ragged_like_the_engine_s():
     assert decode_lengths(1, 256).tolist() == [256]
     lengths = decode_lengths(4, 256)

@@ -24,9 +24,9 @@ import pandas as pd
 import psutil
 import torch
 
-from servingplan.device import model_device, wait_for
+from servingplan.device import model_device
 from servingplan.profiling.machine import configure_threads
-from servingplan.serving.kvpool import KVPool, configure_allocator, decode_call, decode_step, prefill_call, prefill_step
+from servingplan.serving.kvpool import KVPool, configure_allocator, decode_step, prefill_step
 from servingplan.sim.policies import DEFAULT_CHUNK_BUDGET
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 from servingplan.sim.simulator import SimResult
@@ -129,9 +129,11 @@ class _Run:
                                              np.zeros(s.output_len, dtype=np.int64)]))
             if self.problems[s.id] is None else torch.zeros(0, dtype=torch.long)
             for s in self.seqs]
-        # the last generated token is never fed back, so its KV entry is never stored
+        # the last generated token is never fed back, so its KV entry is never stored; the warm-up's
+        # prompt and token need room too
         longest = max((s.prompt_len + s.output_len - 1 for s in self.seqs if self.problems[s.id] is None),
                       default=1)
+        longest = max(longest, WARMUP_PROMPT_TOKENS + 1)
         self.pool = KVPool(config, engine.max_num_seqs, longest, engine.device)
 
         self.scheduled = np.full(n, np.nan)
@@ -178,14 +180,11 @@ class _Run:
         return time.perf_counter() - self.started
 
     def _warm_up(self) -> None:
-        """One prefill and one decode before the clock starts: the first calls pay one-time setup."""
-        device = self.engine.device
-        ids = torch.zeros(1, WARMUP_PROMPT_TOKENS, dtype=torch.long, device=device)
-        cache = prefill_call(self.model, ids).past_key_values
-        decode_call(self.model, ids[:, :1], cache,
-                    torch.ones(1, WARMUP_PROMPT_TOKENS + 1, dtype=torch.long, device=device),
-                    torch.full((1, 1), WARMUP_PROMPT_TOKENS, device=device))
-        wait_for(device)
+        """One prefill and one decode on the pool before the clock starts: the first calls pay one-time
+        setup. They write slot 0's first entries, which no sequence owns yet."""
+        ids = torch.zeros(1, WARMUP_PROMPT_TOKENS, dtype=torch.long)
+        prefill_step(self.model, self.pool, 0, ids, cached=0)
+        decode_step(self.model, self.pool, torch.tensor([WARMUP_PROMPT_TOKENS]), ids[:, :1])
 
     def _arrive(self, seq: Seq) -> None:
         problem = self.problems[seq.id]

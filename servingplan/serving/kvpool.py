@@ -18,15 +18,18 @@ lengths from anywhere, move them there, and return only once the device has done
 KV layout. Every running sequence owns a slot of one preallocated pool per K and V, shaped
 [layer, slot, head, position, head_dim]; its entries sit at positions 0..n-1 of its slot.
 
-- Prefill of n prompt tokens after `cached` ones: a DynamicCache whose layers are views of the slot's
-  first `cached` positions (no copy; nothing at all for a fresh prompt), one prefill_call, then the n
-  new entries are copied into the slot.
-- Decode of B sequences in slots 0..B-1: the batch's past is the view pool[:, :B, :, :T] (T = the
-  longest context, shorter ones right-padded), built without copying. The attention mask is 1 on each
-  sequence's own entries and on the new token, 0 on the padding; position_ids are each sequence's own
-  length. Inside decode_call DynamicCache concatenates the new token onto the past, copying B * (T + 1)
-  entries per layer; afterwards the new entry is scattered to position n_b of each slot. The padding is
-  real work: the decode reads B * T entries, ctx_mode "padded_max" of the cost model.
+Both step functions hand the model a PoolCache over the slots they run: each layer writes the call's new
+K/V entries into the pool, in place, and attention reads views of the pool. Nothing is allocated or
+copied that grows with the batch's past (transformers' DynamicCache would concatenate the new entries
+onto a copy of the whole past at every call, B * (T + 1) entries per layer and step).
+
+- Prefill of n prompt tokens after `cached` ones: the n new entries go to positions cached..cached+n-1
+  of the slot; attention reads positions 0..cached+n-1.
+- Decode of B sequences in slots 0..B-1 holding n_b entries each: row b's new entry goes to position
+  n_b of its slot, and attention reads the view pool[:, :B, :, :T+1] (T = the longest n_b), so the
+  shorter rows are right-padded. The attention mask is 1 on each row's positions 0..n_b (its own entries
+  and its new token) and 0 on the padding after them; position_ids are each sequence's own length. The
+  padding is real work: the decode reads B * (T + 1) entries, ctx_mode "padded_max" of the cost model.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ import ctypes
 import ctypes.util
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from servingplan.device import wait_for
 
@@ -47,13 +50,14 @@ INT_MAX = 2**31 - 1
 def configure_allocator() -> str:
     """Keep freed memory in the process for reuse instead of handing it back to the OS.
 
-    A DynamicCache grows by torch.cat, which allocates every layer's cache anew at each decode step.
-    Under glibc's defaults a block above 32 MiB (one layer's keys beyond ~11k batch x context tokens
-    for GPT-2 small) is mmap-ed fresh each time and all its pages faulted in and zeroed: on the 2-core
-    profiling machine decode at batch 64 x 768 tokens took 1.5 s instead of 0.54 s, and the step time
-    bent upward past that size instead of growing linearly with the KV tokens read. Serving every block
-    from the heap and never trimming it reuses the pages. It is process-wide and must be in force in
-    the engine as in the profiler, or the engine runs slower than its cost model. Returns what was set.
+    Under glibc's defaults a block above 32 MiB is mmap-ed fresh each time and all its pages faulted in
+    and zeroed. When every decode step concatenated the whole cache into new tensors (one layer's keys
+    pass 32 MiB beyond ~11k batch x context tokens for GPT-2 small), decode at batch 64 x 768 tokens took
+    1.5 s instead of 0.54 s on the 2-core profiling machine. The step functions now write KV in place,
+    but a step still allocates its activations and logits (tens of MiB at large batches and prompts),
+    and the profiler's batched prefill grows a DynamicCache. Serving every block from the heap and never
+    trimming it reuses the pages. It is process-wide and must be in force in the engine as in the
+    profiler, or the engine runs under another allocator than its cost model. Returns what was set.
     """
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
@@ -65,19 +69,62 @@ def configure_allocator() -> str:
 
 
 @torch.inference_mode()
-def prefill_call(model, input_ids: torch.Tensor, cache: DynamicCache | None = None):
+def prefill_call(model, input_ids: torch.Tensor, cache: Cache | None = None):
     """Process prompt tokens [B, L] after whatever `cache` holds; the cache grows by L (a fresh one is
     built when None, and returned as .past_key_values). Logits only for the last position."""
     return model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
 
 @torch.inference_mode()
-def decode_call(model, input_ids: torch.Tensor, cache: DynamicCache, attention_mask: torch.Tensor,
+def decode_call(model, input_ids: torch.Tensor, cache: Cache, attention_mask: torch.Tensor,
                 position_ids: torch.Tensor):
     """One decode step: input_ids [B, 1], cache holding the B sequences padded to one length T,
     attention_mask [B, T+1] (0 on padding), position_ids [B, 1]. The cache grows by one token."""
     return model(input_ids=input_ids, past_key_values=cache, attention_mask=attention_mask,
                  position_ids=position_ids, use_cache=True)
+
+
+class PoolLayer(CacheLayerMixin):
+    """One layer's K and V for one call, held in the pool: `update` writes the call's new entries into
+    their positions, in place, and returns views of the pool for attention to read.
+
+    rows: the pool slots the call's batch rows are (a slice: slot, or slots 0..B-1).
+    past: how many entries the longest row holds before the call (what the mask counts as seen).
+    write_at: per batch row, the position its one new entry goes to (decode); None writes the call's
+    entries at positions past.. of the single row (prefill).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: slice, past: int,
+                 write_at: torch.Tensor | None = None):
+        super().__init__()
+        self.pool_keys, self.pool_values = keys, values
+        self.rows, self.past, self.write_at = rows, past, write_at
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the pool is preallocated."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        new = key_states.shape[-2]
+        if self.write_at is None:
+            self.pool_keys[self.rows, :, self.past:self.past + new] = key_states
+            self.pool_values[self.rows, :, self.past:self.past + new] = value_states
+        else:
+            batch_rows = torch.arange(self.rows.start, self.rows.stop, device=self.write_at.device)
+            self.pool_keys[batch_rows, :, self.write_at] = key_states[:, :, 0]
+            self.pool_values[batch_rows, :, self.write_at] = value_states[:, :, 0]
+        self.keys = self.pool_keys[self.rows, :, :self.past + new]
+        self.values = self.pool_values[self.rows, :, :self.past + new]
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.past + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.past
+
+    def get_max_length(self) -> int:
+        return self.pool_keys.shape[-2]
 
 
 class KVPool:
@@ -113,29 +160,16 @@ class KVPool:
     def holds(self, seq) -> bool:
         return seq in self.slot_of
 
-    def cache_view(self, slots: slice, length: int) -> DynamicCache:
-        """A DynamicCache over the first `length` positions of `slots`, sharing the pool's memory."""
-        cache = DynamicCache(config=self.config)
-        for layer, keys, values in zip(cache.layers, self.keys[:, slots, :, :length],
-                                       self.values[:, slots, :, :length]):
-            # Assigned rather than passed to the constructor, which concatenates them into copies.
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys, values
-        return cache
+    def prefill_cache(self, slot: int, cached: int) -> Cache:
+        """The cache a prefill of `slot` after its first `cached` entries runs on."""
+        return Cache(layers=[PoolLayer(keys, values, slice(slot, slot + 1), cached)
+                             for keys, values in zip(self.keys, self.values)])
 
-    def store_prefill(self, slot: int, cache: DynamicCache, start: int, tokens: int) -> None:
-        for index, layer in enumerate(cache.layers):
-            self.keys[index, slot, :, start:start + tokens] = layer.keys[0, :, start:start + tokens]
-            self.values[index, slot, :, start:start + tokens] = layer.values[0, :, start:start + tokens]
-        self.stored[slot] = start + tokens
-
-    def store_decode(self, cache: DynamicCache, lengths: torch.Tensor) -> None:
-        """Scatter the newest entry of batch row b (slot b) to position lengths[b]."""
-        rows = torch.arange(len(lengths), device=lengths.device)
-        for index, layer in enumerate(cache.layers):
-            self.keys[index, rows, :, lengths] = layer.keys[:, :, -1]
-            self.values[index, rows, :, lengths] = layer.values[:, :, -1]
-        self.stored[:len(lengths)] = (lengths + 1).tolist()
+    def decode_cache(self, lengths: torch.Tensor) -> Cache:
+        """The cache a decode step of slots 0..B-1 holding `lengths` entries runs on."""
+        rows, past = slice(0, len(lengths)), int(lengths.max())
+        return Cache(layers=[PoolLayer(keys, values, rows, past, write_at=lengths)
+                             for keys, values in zip(self.keys, self.values)])
 
     def gather_decoders(self, decoders: list) -> tuple[list, int]:
         """Move the decoding sequences into slots 0..B-1 so their batch is a view; returns them in
@@ -165,29 +199,25 @@ class KVPool:
 def prefill_step(model, pool: KVPool, slot: int, input_ids: torch.Tensor, cached: int) -> torch.Tensor:
     """Prefill input_ids [1, n] into `slot` after its first `cached` entries; the logits of the last
     prompt token."""
-    tokens = input_ids.shape[1]
-    cache = pool.cache_view(slice(slot, slot + 1), cached) if cached else None
-    output = prefill_call(model, input_ids.to(pool.device), cache)
-    pool.store_prefill(slot, output.past_key_values, cached, tokens)
+    output = prefill_call(model, input_ids.to(pool.device), pool.prefill_cache(slot, cached))
+    pool.stored[slot] = cached + input_ids.shape[1]
     wait_for(pool.device)
     return output.logits[0, -1]
 
 
 def decode_mask(lengths: torch.Tensor) -> torch.Tensor:
-    """[B, T+1] attention mask of a batch padded to T = max(lengths): each row's own entries and the
-    new token."""
+    """[B, T+1] attention mask of a batch padded to T = max(lengths): row b's own entries and its new
+    token, which the step writes at position lengths[b]."""
     past = int(lengths.max())
-    mask = (torch.arange(past + 1, device=lengths.device) < lengths[:, None]).long()
-    mask[:, past] = 1
-    return mask
+    return (torch.arange(past + 1, device=lengths.device) <= lengths[:, None]).long()
 
 
 def decode_step(model, pool: KVPool, lengths: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """One decode step of the sequences in slots 0..B-1 holding `lengths` entries, fed input_ids
-    [B, 1]; stores each new entry and returns the logits [B, vocab]."""
-    cache = pool.cache_view(slice(0, len(lengths)), int(lengths.max()))
+    [B, 1]; writes each new entry at position lengths[b] of its slot and returns the logits [B, vocab]."""
     lengths = lengths.to(pool.device)
-    logits = decode_call(model, input_ids.to(pool.device), cache, decode_mask(lengths), lengths[:, None]).logits
-    pool.store_decode(cache, lengths)
+    logits = decode_call(model, input_ids.to(pool.device), pool.decode_cache(lengths), decode_mask(lengths),
+                         lengths[:, None]).logits
+    pool.stored[:len(lengths)] = (lengths + 1).tolist()
     wait_for(pool.device)
     return logits[:, -1]
