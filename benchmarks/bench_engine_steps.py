@@ -16,6 +16,8 @@ cores, and the allocator setting the engine runs under.
   after/before ratio taken round by round (median, min and max), and the run-to-run noise: the spread
   of the before tree's round values (max / min - 1). A shape is slower beyond the noise when its
   median ratio exceeds 1 + that spread.
+- The machine's drift: every worker also times a float32 GEMM and a 256 MiB copy, the same work in
+  both trees, before and after its shapes; their spread over the run is printed.
 - Memory: one process per tree and cap (1, 8, 32) serves the worst case: every slot holds a full
   context (`--context`, default config memory.max_context, 768) and one decode step runs over all of
   them. Its peak resident memory (VmHWM) is set against weights + cap x per-slot KV + the runtime
@@ -64,6 +66,16 @@ def _median_seconds(call, repeats: int) -> float:
     return statistics.median(times)
 
 
+def machine_reference(repeats: int) -> dict:
+    """The same work in every worker whatever its tree: a float32 GEMM and a 256 MiB copy. Their spread
+    across the workers is how far the machine's own speed moved during the benchmark."""
+    import torch
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    source, target = torch.empty(2**26), torch.empty(2**26)
+    return {"gemm_s": _median_seconds(lambda: a @ b, repeats),
+            "copy_s": _median_seconds(lambda: target.copy_(source), repeats)}
+
+
 def worker_steps(repeats: int) -> dict:
     import torch
     from servingplan.profiling.measure import decode_lengths
@@ -75,7 +87,7 @@ def worker_steps(repeats: int) -> dict:
     pool = KVPool(config, max(b for b, _ in DECODE_SHAPES), longest)
     for tensor in (pool.keys, pool.values):
         tensor.normal_(generator=generator)
-    out = {}
+    out = {"reference before": machine_reference(repeats)}
     for batch, context in DECODE_SHAPES:
         lengths = decode_lengths(batch, context)
         ids = torch.randint(config.vocab_size, (batch, 1), generator=generator)
@@ -84,6 +96,7 @@ def worker_steps(repeats: int) -> dict:
     for length in PREFILL_LENGTHS:
         ids = torch.randint(config.vocab_size, (1, length), generator=generator)
         out[f"prefill {length}"] = _median_seconds(lambda: prefill_step(model, pool, 0, ids, 0), repeats)
+    out["reference after"] = machine_reference(repeats)
     return out
 
 
@@ -126,9 +139,16 @@ def run_worker(tree: Path, args: list[str]) -> dict:
     return reply["result"]
 
 
+def machine_drift(rounds: dict[str, list[dict]]) -> dict:
+    """max / min - 1 of each machine reference over every reading of the benchmark."""
+    readings = [worker[moment] for workers in rounds.values() for worker in workers
+                for moment in ("reference before", "reference after")]
+    return {kind: max(r[kind] for r in readings) / min(r[kind] for r in readings) - 1 for kind in ("gemm_s", "copy_s")}
+
+
 def step_table(before: list[dict], after: list[dict]) -> list[dict]:
     rows = []
-    for shape in before[0]:
+    for shape in (name for name in before[0] if not name.startswith("reference")):
         b = [r[shape] for r in before]
         a = [r[shape] for r in after]
         ratios = [x / y for x, y in zip(a, b)]
@@ -194,9 +214,11 @@ def main(argv=None) -> int:
     for cap in MEMORY_CAPS:
         for name in trees:
             memory[name][cap] = run_worker(trees[name], ["memory", str(cap), str(args.context)])
-    steps, mem = step_table(rounds["before"], rounds["after"]), memory_table(memory)
+    steps, mem, drift = step_table(rounds["before"], rounds["after"]), memory_table(memory), machine_drift(rounds)
     print(f"Engine steps, before = {trees['before']}, after = {trees['after']}; {args.rounds} rounds x "
-          f"{args.repeats} calls per shape, {time.time() - started:.0f} s in all")
+          f"{args.repeats} calls per shape, {time.time() - started:.0f} s in all, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"The machine's own speed moved {100 * drift['gemm_s']:.1f}% (a float32 GEMM) and "
+          f"{100 * drift['copy_s']:.1f}% (a 256 MiB copy) across the workers' readings")
     print("| shape | before ms | after ms | after/before (median, min-max) | speed-up | noise | slower beyond noise |")
     print("|---|---|---|---|---|---|---|")
     for r in steps:
@@ -210,7 +232,8 @@ def main(argv=None) -> int:
         print(f"| {r['tree']} | {r['cap']} | {r['peak_rss_gb']:.3f} | {r['weights_plus_kv_gb']:.3f} | "
               f"{r['runtime_at_cap1_gb']:.3f} | {r['expected_gb']:.3f} | {100 * r['error_vs_expected']:+.1f}% |")
     if args.json:
-        args.json.write_text(json.dumps({"steps": steps, "memory": mem, "rounds": rounds}, indent=1))
+        args.json.write_text(json.dumps({"steps": steps, "memory": mem, "machine_drift": drift, "rounds": rounds},
+                                        indent=1))
     return 0
 
 
