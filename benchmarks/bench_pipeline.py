@@ -8,6 +8,12 @@ sits in (`sweep`, `capacity`, `machines/t4/fleet`, ...) or, for a single job, it
 machine fingerprint (`profile`, `validate`). The measuring stages (profile, validation replay) run alone
 on every core; everything else is simulation or rendering, whose CPU time is what the simulation goal
 counts. Wall times of jobs that ran side by side add up to more than the run's wall time.
+
+Then the critical path: when each job ran, from its benchmark file (snakemake writes it as the job ends:
+the file's modification time is the end, minus `s` the start), the measuring stages that run alone, in
+the order they ran, and for each what ran beside it (jobs that overlap it, and their CPU seconds within
+it); then what ran before the first and after the last. The run's span is the first start to the last
+end. Read it from the run's own tree: a copy that did not keep the files' times has no timeline.
 """
 from __future__ import annotations
 
@@ -25,6 +31,9 @@ from pathlib import Path
 # mostly misses: read its wall time.
 MEASURING = ("profile", "validate_replay", "serving_memory", "profile_one_thread", "llamacpp_profile",
              "llamacpp_server_terms", "llamacpp_validate_replay")
+# The measuring stages that take every core and run alone, one after another: the run's critical path.
+# The serving-memory probe reads resident memory, not a clock, and runs beside the simulations.
+ALONE = tuple(stage for stage in MEASURING if stage != "serving_memory")
 # profile_<fingerprint>.tsv: the profile's file is named by the machine's fingerprint (hex digits)
 FINGERPRINTED = re.compile(r"profile_[0-9a-f]+")
 
@@ -63,6 +72,60 @@ def stage_table(results: Path) -> list[dict]:
             for name, figures in sorted(stages.items())]
 
 
+def job_intervals(results: Path) -> list[dict]:
+    """Every job's stage, start, end (seconds since the first start), wall and CPU seconds."""
+    root = results / "benchmarks"
+    jobs = []
+    for path in sorted(root.rglob("*.tsv")):
+        job = read_job(path)
+        end = path.stat().st_mtime
+        jobs.append({"stage": stage_of(path, root), "start": end - job["wall_s"], "end": end, **job})
+    zero = min((job["start"] for job in jobs), default=0.0)
+    for job in jobs:
+        job["start"] -= zero
+        job["end"] -= zero
+    return sorted(jobs, key=lambda job: job["start"])
+
+
+def critical_path(jobs: list[dict]) -> dict:
+    """The alone-measuring jobs in the order they ran, each with what ran beside it, and the stretches
+    before the first and after the last (see the module docstring)."""
+    alone = [job for job in jobs if job["stage"].split("/")[0] in ALONE]
+    others = [job for job in jobs if job not in alone]
+
+    def beside(start: float, end: float) -> dict:
+        overlapping = [job for job in others if job["start"] < end and job["end"] > start]
+        # a job's CPU seconds counted in proportion to the share of its wall time inside the stretch
+        cpu = sum(job["cpu_s"] * (min(end, job["end"]) - max(start, job["start"])) / job["wall_s"]
+                  for job in overlapping if job["wall_s"] > 0)
+        return {"jobs": len(overlapping), "cpu_s": cpu,
+                "stages": sorted({job["stage"].split("/")[0] for job in overlapping})}
+
+    span = max((job["end"] for job in jobs), default=0.0)
+    serial = [{"stage": job["stage"], "start": job["start"], "end": job["end"], "wall_s": job["wall_s"],
+               "beside": beside(job["start"], job["end"])} for job in alone]
+    first = alone[0]["start"] if alone else span
+    last = max((job["end"] for job in alone), default=0.0)
+    overlaps = sum(1 for a, b in zip(alone, alone[1:]) if b["start"] < a["end"])
+    return {"span_s": span, "alone": serial, "alone_wall_s": sum(job["wall_s"] for job in alone),
+            "alone_overlapping_pairs": overlaps,
+            "before_first": {"wall_s": first, "beside": beside(0.0, first)},
+            "after_last": {"wall_s": max(0.0, span - last), "beside": beside(last, span)}}
+
+
+def print_critical_path(path: dict) -> None:
+    print(f"\nCritical path: the run spanned {path['span_s']:.0f} s, of which {path['alone_wall_s']:.0f} s in "
+          f"the measuring stages that run alone ({'in series' if not path['alone_overlapping_pairs'] else str(path['alone_overlapping_pairs']) + ' pairs overlapping'})")
+    print(f"{'stretch':<34} {'start s':>8} {'wall s':>8} {'jobs beside':>12} {'their CPU s':>12}  stages beside")
+    rows = [("before the first", 0.0, path["before_first"]["wall_s"], path["before_first"]["beside"])]
+    rows += [(job["stage"], job["start"], job["wall_s"], job["beside"]) for job in path["alone"]]
+    last = max((job["end"] for job in path["alone"]), default=0.0)
+    rows.append(("after the last", last, path["after_last"]["wall_s"], path["after_last"]["beside"]))
+    for name, start, wall, beside in rows:
+        print(f"{name:<34} {start:>8.0f} {wall:>8.0f} {beside['jobs']:>12} {beside['cpu_s']:>12.0f}  "
+              f"{', '.join(beside['stages'])}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", default="results", type=Path)
@@ -70,6 +133,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         table = stage_table(args.results)
+        path = critical_path(job_intervals(args.results))
     except (OSError, ValueError, KeyError) as error:
         print(f"bench_pipeline: {error}", file=sys.stderr)
         return 2
@@ -78,7 +142,7 @@ def main(argv=None) -> int:
               "simulation_wall_s": sum(r["wall_s"] for r in simulation),
               "measuring_wall_s": sum(r["wall_s"] for r in table if r["measuring"])}
     if args.json:
-        print(json.dumps({"stages": table, "totals": totals}, indent=1))
+        print(json.dumps({"stages": table, "totals": totals, "critical_path": path}, indent=1))
         return 0
     print(f"{'stage':<34} {'jobs':>5} {'wall s':>9} {'CPU s':>9} {'max RSS MB':>11}")
     for row in table:
@@ -89,6 +153,7 @@ def main(argv=None) -> int:
           f"{totals['simulation_wall_s']:>9.1f} "
           f"{totals['simulation_cpu_s']:>9.1f}")
     print(f"{'measuring stages, all':<34} {'':>5} {totals['measuring_wall_s']:>9.1f}")
+    print_critical_path(path)
     return 0
 
 

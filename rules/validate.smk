@@ -4,9 +4,9 @@
 #   functions, the scheduler it drives and the cost model (its load reference), never on the simulator.
 # - validate sets the replay against the simulator: editing servingplan/sim/ reruns only this job.
 # With an imported cost model (costmodel.source a file) nothing asks for either: that model is not this machine.
-# - serving_memory_cell serves one (policy, cap)'s worst case in a process of its own and reads its peak
-#   resident memory; serving_memory gathers the cells for the planner's memory verdict.
-localrules: validate_replay, serving_memory_cell, serving_memory
+# - serving_memory serves each policy's worst case at a few caps, a forked process per probe, reads their
+#   peak resident memory and fits each policy's line against the cap, for the planner's memory verdict.
+localrules: validate_replay, serving_memory
 
 # what both the replay and a memory probe import: the engine, its KV pool and scheduler, the model loader
 REPLAY_SOURCES = sources("serving/__init__.py", "serving/engine.py", "serving/kvpool.py", "workload.py",
@@ -89,51 +89,33 @@ rule validate:
         "../scripts/validate.py"
 
 
-# One process per (policy, cap): a process's resident high-water mark never falls (see
-# servingplan/serving/memory_probe.py). A resident-memory reading is not a timing, so the cells need not
-# have the machine alone: they run beside the simulations, after the measurements (whose priority comes
-# first, common.smk), and stay local, since a cluster node is not this machine. A cell serves with the
-# engine's threads and claims as many cores. Its priority starts the probes as soon as the measurements
-# are done, and the profile's global resource serving_memory_probes=1 (profiles/default) keeps them one at
-# a time, so the simulations fill the other cores: in the last cold run they ran after the simulations
-# instead, two at once, and added 151 s.
-rule serving_memory_cell:
+# One job: it loads the model once and forks a process per probe (a process's resident high-water mark
+# never falls, servingplan/serving/memory_probe.py), each policy at the caps its line is fitted to and the
+# one that checks it, about 30 s for GPT-2 small. A resident-memory reading is not a timing, so the job need
+# not have the machine alone: it runs beside the simulations, after the measurements (whose priority comes
+# first, common.smk; the machine file it reads comes from the profile), and stays local, since a cluster
+# node is not this machine. It serves with the engine's threads and claims as many cores; its priority
+# starts it as soon as the measurements are done, so the simulations fill the other cores beside it.
+rule serving_memory:
     input:
+        **({"machine": rules.profile.output.machine} if PROFILED else {}),
         code=REPLAY_SOURCES + sources("serving/memory_probe.py"),
     output:
-        "results/validation/memory/{policy}_cap{cap}.json",
+        "results/validation/serving_memory.json",
     params:
         model=config["model"],
         threads=config["profile"]["threads"],
-        sweep=VALIDATION_SWEEP,
-        memory={k: config["memory"][k] for k in ("max_context", "block_size")},
+        sweep=config_keys(config["sweep"], keep=("policies", "caps", "chunk_size", "chunk_budget")),
+        memory=config_keys(config["memory"], keep=("max_context", "block_size")),
         seed=config["seed"],
     priority: 10
     threads: min(ENGINE_THREADS, workflow.cores)
     resources:
-        serving_memory_probes=1,
         mem_mb=4000,
         runtime=5,
     log:
-        "results/logs/serving_memory/{policy}_cap{cap}.log",
+        "results/logs/serving_memory.log",
     benchmark:
-        "results/benchmarks/serving_memory/{policy}_cap{cap}.tsv"
+        "results/benchmarks/serving_memory.tsv"
     script:
         "../scripts/validate_memory.py"
-
-
-rule serving_memory:
-    input:
-        cells=expand("results/validation/memory/{cell}.json", cell=CELLS),
-        **({"machine": rules.profile.output.machine} if PROFILED else {}),
-        code=sources("serving/memory_probe.py", "io.py", "pipeline.py"),
-    output:
-        "results/validation/serving_memory.json",
-    threads: 1
-    resources:
-        mem_mb=500,
-        runtime=2,
-    log:
-        "results/logs/serving_memory.log",
-    script:
-        "../scripts/validate_memory_collect.py"

@@ -1,9 +1,9 @@
-from servingplan.io import write_json
+from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
 from servingplan.profiling.machine import configure_threads
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
 from servingplan.serving.kvpool import configure_allocator
-from servingplan.serving.memory_probe import serve_worst_case
+from servingplan.serving.memory_probe import measure
 from servingplan.sim.policies import chunk_budget
 
 
@@ -15,9 +15,9 @@ def main(sm):
     tiny = p.model.get("tiny", False)
     model, _ = load_model("random" if tiny else p.model["source"], p.seed, QUICK_CONFIG_OVERRIDES if tiny else None,
                           p.model.get("device", "cpu"))
-    write_json(sm.output[0], serve_worst_case(model, sm.wildcards.policy, int(sm.wildcards.cap),
-                                              p.memory["max_context"], p.sweep["chunk_size"],
-                                              chunk_budget(p.sweep), p.memory["block_size"]))
+    machine = read_json(sm.input.machine) if "machine" in sm.input.keys() else None
+    write_json(sm.output[0], measure(model, p.sweep["policies"], p.sweep["caps"], p.memory["max_context"],
+                                     p.sweep["chunk_size"], chunk_budget(p.sweep), p.memory["block_size"], machine))
 
 
 run_stage(snakemake, main)

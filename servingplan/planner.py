@@ -19,6 +19,7 @@ from servingplan.memory import GB, kv_blocks, memory_plan
 from servingplan.metrics import summarize
 from servingplan.searches import capstone_slo, traces
 from servingplan.seeds import over_seeds
+from servingplan.serving.memory_probe import resident_at
 from servingplan.sim import policies, simulate
 from servingplan.sim.closed_loop import simulate_load
 
@@ -152,10 +153,10 @@ def prefill_floor(step_model: CostModel, traces, percentile: float) -> dict:
             "longest_prompt": longest, "longest_prompt_ms": step_model.prefill_time(longest) * 1e3}
 
 
-def _measured_memory(serving_memory: dict | None) -> dict[tuple[str, int], dict]:
-    """The serving process's peak memory measured on this machine, by (policy, cap)
-    (results/validation/serving_memory.json)."""
-    return {(row["policy"], int(row["cap"])): row for row in (serving_memory or {}).get("rows", [])}
+def _measured_memory(serving_memory: dict | None, policy: str, cap: int) -> dict | None:
+    """The serving process's peak memory on this machine at (policy, cap) (results/validation/serving_memory.json):
+    {bytes, basis}, measured there or read from the line fitted to the caps measured; None without the file."""
+    return resident_at(serving_memory, policy, cap) if serving_memory else None
 
 
 def _speed(machine: dict | None) -> dict | None:
@@ -199,7 +200,6 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
     today = over_seeds(latency[np.isclose(latency["rate"], today_rate)], ["policy", "max_num_seqs"], spread=True)
     mem_rows = memory.set_index(["policy", "max_num_seqs"])
     fleets = {(c["policy"], c["max_num_seqs"]): c for c in fleet_cells}
-    measured_memory = _measured_memory(serving_memory)
 
     candidates = []
     for cell in today.to_dict(orient="records"):
@@ -210,7 +210,7 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
         served = _defined(cell["throughput_tok_s"]) if cell["stable"] else None
         capacity = _capacity_row(capacity_frame, "ttft_slo", policy, cap)
         keeps_up = _capacity_row(capacity_frame, "stable", policy, cap)
-        measured = measured_memory.get((policy, cap))
+        measured = _measured_memory(serving_memory, policy, cap)
         slowest = _defined(cell.get("throughput_tok_s_min")) if served else None
         fastest = _defined(cell.get("throughput_tok_s_max")) if served else None
         row = {
@@ -224,7 +224,8 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
             "keeps_up_rps": keeps_up["rps"], "keeps_up_interval": keeps_up["interval"],
             "memory_bytes": float(mem_row["total_reserved_bytes"]),
             "memory_used_peak_bytes": float(mem_row["total_used_peak_bytes"]),
-            "memory_measured_bytes": float(measured["peak_rss_bytes"]) if measured else None,
+            "memory_measured_bytes": measured["bytes"] if measured else None,
+            "memory_measured_basis": measured["basis"] if measured else None,
             "budget_bytes": float(mem_row["budget_bytes"]),
             "cost_per_1k": money.cost_per_1k_tokens(price, 1, served) if served else None,
             # dollars per 1,000 tokens at the seeds' highest and lowest served throughput
@@ -262,7 +263,7 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
     draws = traces(workload, seeds)
     floor = prefill_floor(step_model, draws, slo["ttft_percentile"])
     reason = _reason(status, chosen, floor, slo, takes)
-    chosen_measured = measured_memory.get((chosen["policy"], chosen["max_num_seqs"]))
+    chosen_measured = _measured_memory(serving_memory, chosen["policy"], chosen["max_num_seqs"])
     options = [_option(c, slo, cost_cfg, price, label["measured"]) for c in candidates]
     return {
         "label": label,
@@ -281,9 +282,10 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
         "next_step": _next_step(status, reason, takes),
         "machine_speed": _speed(machine),
         # the measurement the chosen configuration's memory verdict read, if there is one
-        "serving_memory": {"peak_rss_bytes": float(chosen_measured["peak_rss_bytes"]), "policy": chosen["policy"],
-                           "max_num_seqs": chosen["max_num_seqs"],
-                           "context_tokens": int(chosen_measured["context_tokens"])} if chosen_measured else None,
+        "serving_memory": {"peak_rss_bytes": chosen_measured["bytes"], "basis": chosen_measured["basis"],
+                           "policy": chosen["policy"], "max_num_seqs": chosen["max_num_seqs"],
+                           "context_tokens": int(serving_memory["rows"][0]["context_tokens"])}
+        if chosen_measured else None,
         "passed": [t for t in TARGETS if chosen[f"{t}_met"]],
         "missed": [t for t in TARGETS if not chosen[f"{t}_met"]],
     }
@@ -353,9 +355,10 @@ def _option(row: dict, slo: dict, cost_cfg: dict, price: float, measured: bool) 
                    "low": None, "high": None,
                    "judged": measured_bytes if measured_bytes is not None else row["memory_bytes"],
                    "target": row["budget_bytes"], "unit": "bytes",
-                   "basis": "measured" if measured_bytes is not None else "reserved",
-                   "note": "peak resident memory of the serving process at this policy and cap"
-                   if measured_bytes is not None else
+                   "basis": row["memory_measured_basis"] if measured_bytes is not None else "reserved",
+                   "note": ("peak resident memory of the serving process at this policy and cap" + (
+                       "" if row["memory_measured_basis"] == "measured" else
+                       ", from the line fitted to the caps measured")) if measured_bytes is not None else
                    "weights + KV for every sequence at the longest context; no serving measurement at this policy and cap"},
         "cost": {"pass": row["cost_met"], "value": cost_value, "low": dollars[0], "high": dollars[1],
                  "judged": dollars[1], "target": float(cost_cfg["target_per_1k_tokens"]),
@@ -645,6 +648,7 @@ def _verdict(chosen: dict, slo: dict, cost_cfg: dict) -> list[dict]:
          "used_peak_bytes": chosen["memory_used_peak_bytes"],
          "measured_bytes": chosen["memory_measured_bytes"],
          "measured_cap": chosen["max_num_seqs"] if chosen["memory_measured_bytes"] is not None else None,
+         "measured_basis": chosen["memory_measured_basis"],
          "passed": chosen["memory_met"]},
         {"target": "cost", "goal_per_1k": cost_cfg["target_per_1k_tokens"], "achieved": chosen["cost_per_1k"],
          "unstable": unstable, "passed": chosen["cost_met"]},

@@ -48,3 +48,26 @@ def test_stages_sum_their_jobs_and_the_measuring_stages_stand_apart(tmp_path, ca
 def test_a_run_without_benchmarks_is_one_line_and_exit_2(tmp_path, capsys):
     assert bench_pipeline.main([str(tmp_path)]) == 2
     assert "run the pipeline first" in capsys.readouterr().err
+
+
+def test_the_critical_path_orders_the_alone_measurements_and_counts_what_ran_beside(tmp_path, capsys):
+    import os
+    import json
+    bench = tmp_path / "benchmarks"
+    # (file, start, wall, cpu): the profile then the replay in series, a sweep cell beside the replay,
+    # the serving memory (not alone) beside the replay too, the report after the last measurement
+    jobs = [("profile_abc123.tsv", 0.0, 100.0, 180.0), ("validate_replay.tsv", 110.0, 50.0, 90.0),
+            ("sweep/static_cap1.tsv", 120.0, 20.0, 20.0), ("serving_memory.tsv", 130.0, 40.0, 30.0),
+            ("report.tsv", 170.0, 10.0, 10.0)]
+    for name, start, wall, cpu in jobs:
+        write(bench / name, wall, cpu)
+        os.utime(bench / name, (1000.0 + start + wall, 1000.0 + start + wall))
+    path = bench_pipeline.critical_path(bench_pipeline.job_intervals(tmp_path))
+    assert path["span_s"] == 180.0 and path["alone_wall_s"] == 150.0 and path["alone_overlapping_pairs"] == 0
+    assert [job["stage"] for job in path["alone"]] == ["profile", "validate_replay"]
+    replay = path["alone"][1]["beside"]
+    assert replay["jobs"] == 2 and replay["stages"] == ["serving_memory", "sweep"]
+    assert replay["cpu_s"] == 20.0 + 30.0 * 30.0 / 40.0   # the sweep cell whole, 30 of the probe's 40 s
+    assert path["after_last"]["wall_s"] == 20.0 and path["after_last"]["beside"]["stages"] == ["report", "serving_memory"]
+    assert bench_pipeline.main([str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["critical_path"]["alone_wall_s"] == 150.0

@@ -14,7 +14,7 @@ BUDGET = 2e9
 
 
 def judged(capacity_interval=(9.5, 14.0), latency_range=(200.0, 280.0), cost_interval=(0.0006, 0.0008),
-           measured_bytes=None, reserved_bytes=1.4e9, replicas=1, policy="continuous", cap=8, stable=True,
+           measured_bytes=None, measured_basis="measured", reserved_bytes=1.4e9, replicas=1, policy="continuous", cap=8, stable=True,
            latency_ms=None, router="round_robin"):
     """One configuration as recommend builds it, judged: each figure with its interval (`latency_ms`
     without a range: a latency known by one figure); an unstable configuration has no latency and no
@@ -27,6 +27,7 @@ def judged(capacity_interval=(9.5, 14.0), latency_range=(200.0, 280.0), cost_int
            "latency_ms_range": None if latency_range is None else list(latency_range),
            "capacity_rps": sum(capacity_interval) / 2, "capacity_interval": list(capacity_interval),
            "capacity_never_met": False, "memory_bytes": reserved_bytes, "memory_measured_bytes": measured_bytes,
+           "memory_measured_basis": measured_basis if measured_bytes is not None else None,
            "budget_bytes": BUDGET, "cost_per_1k": None if cost_interval is None else sum(cost_interval) / 2,
            "cost_per_1k_interval": None if cost_interval is None else list(cost_interval)}
     if replicas > 1:
@@ -69,6 +70,9 @@ def test_memory_is_judged_on_the_measurement_when_there_is_one_else_on_the_reser
     assert reserved["verdicts"]["memory"]["basis"] == "reserved" and reserved["meets_all"]
     assert "no serving measurement" in reserved["verdicts"]["memory"]["note"]
     assert option(reserved_bytes=2.5e9)["misses"] == ["memory"]
+    modelled = option(measured_bytes=1.9e9, measured_basis="model", reserved_bytes=1.4e9)
+    assert modelled["verdicts"]["memory"]["basis"] == "model" and modelled["meets_all"]
+    assert "line fitted to the caps measured" in modelled["verdicts"]["memory"]["note"]
 
 
 def test_the_pick_is_the_cheapest_option_meeting_all_four_across_machines():

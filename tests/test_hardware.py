@@ -302,7 +302,8 @@ def render_with_targets(root: Path) -> dict:
 
 
 def without_measured_memory(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in ("measured_bytes", "measured_cap", "memory_measured_bytes")}
+    return [{k: v for k, v in row.items() if k not in ("measured_bytes", "measured_cap", "measured_basis",
+                                                              "memory_measured_bytes", "memory_measured_basis")}
             for row in rows]
 
 

@@ -1,9 +1,16 @@
-"""The serving memory probe: the policy's own prefill calls, the worst case of a cap, the contract file."""
+"""The serving memory probe: the policy's own prefill calls, the worst case of a cap, a forked probe
+reading what a fresh process reads, the line fitted to the caps measured and its check, the contract file."""
+import json
+import subprocess
+import sys
+
 import psutil
 import pytest
 
 from servingplan.profiling.model import load_model
-from servingplan.serving.memory_probe import collect, largest_calls, peak_rss_bytes, prefill_calls, serve_worst_case
+from servingplan.serving.memory_probe import (fit_caps, fit_line, largest_calls, mapped_file_pages, measure,
+                                              peak_rss_bytes, prefill_calls, probe_forked, resident_at,
+                                              serve_worst_case, serving_memory_file)
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 128, "vocab_size": 1000}
 
@@ -43,10 +50,120 @@ def test_the_worst_case_row_holds_the_cap_at_the_longest_context_the_model_allow
         serve_worst_case(model, "continuous", 1, 2, 32, "prompt_tokens", 16)
 
 
-def test_the_collected_file_is_the_contract():
-    rows = [{"policy": "static", "cap": 8, "peak_rss_bytes": 3, "sequences": 8, "context_tokens": 768},
-            {"policy": "continuous", "cap": 16, "peak_rss_bytes": 5, "sequences": 16, "context_tokens": 768},
-            {"policy": "continuous", "cap": 2, "peak_rss_bytes": 4, "sequences": 2, "context_tokens": 768}]
-    out = collect(rows, {"memory": {"peak_rss_bytes": 4.68e9}})
-    assert out == {"rows": [rows[2], rows[1], rows[0]], "profiler_peak_rss_bytes": 4680000000}
-    assert collect(rows[:1], None)["profiler_peak_rss_bytes"] is None
+def row(policy, cap, peak):
+    return {"policy": policy, "cap": cap, "peak_rss_bytes": peak, "sequences": cap, "context_tokens": 768}
+
+
+def test_the_caps_fitted_are_both_ends_and_the_middle_and_the_check_lies_between_the_two_largest():
+    assert fit_caps([1, 2, 4, 8, 16, 32]) == ([1, 8, 32], 16)
+    assert fit_caps([32, 1, 8, 8]) == ([1, 32], 8)       # fewer than four caps: both ends, the rest checks
+    assert fit_caps([1, 2, 4, 8]) == ([1, 4, 8], 2)      # 2 is the only cap left
+    assert fit_caps([4, 16]) == ([4, 16], None)
+    assert fit_caps([8]) == ([8], None)
+
+
+def test_the_line_and_its_check_are_the_least_squares_arithmetic():
+    # (1, 1.0e9), (8, 1.5e9), (32, 2.8e9): mean cap 41/3, mean bytes 1.7667e9;
+    # slope = sum((c - 41/3)(b - 1.7667e9)) / sum((c - 41/3)^2) = 30.16667e9 / (4758 / 9) = 5.70618e7 (hand computed:
+    # (-38/3)(-0.76667e9) + (-17/3)(-0.26667e9) + (55/3)(1.03333e9); (1444 + 289 + 3025) / 9)
+    line = fit_line([(1, 1.0e9), (8, 1.5e9), (32, 2.8e9)])
+    assert line["slope_bytes_per_cap"] == pytest.approx(30.166667e9 / (4758 / 9), rel=1e-6)
+    assert line["intercept_bytes"] == pytest.approx(1.7666667e9 - line["slope_bytes_per_cap"] * 41 / 3, rel=1e-6)
+    assert fit_line([(1, 1.0e9), (3, 2.0e9)]) == {"intercept_bytes": pytest.approx(0.5e9),
+                                                   "slope_bytes_per_cap": pytest.approx(0.5e9)}
+    assert fit_line([(4, 7.0)]) == {"intercept_bytes": 7.0, "slope_bytes_per_cap": 0.0}
+    rows = [row("static", 1, 1.0e9), row("static", 3, 2.0e9), row("static", 2, 1.6e9),
+            row("continuous", 3, 2.2e9), row("continuous", 1, 1.0e9), row("continuous", 2, 1.5e9)]
+    out = serving_memory_file(rows, [1, 3], 2, {"memory": {"peak_rss_bytes": 4.68e9}})
+    assert [(r["policy"], r["cap"], r["use"]) for r in out["rows"]] == [
+        ("continuous", 1, "fit"), ("continuous", 2, "check"), ("continuous", 3, "fit"),
+        ("static", 1, "fit"), ("static", 2, "check"), ("static", 3, "fit")]
+    assert out["model"]["caps"] == [1, 3]
+    assert out["model"]["policies"]["continuous"] == {"intercept_bytes": pytest.approx(0.4e9),
+                                                      "slope_bytes_per_cap": pytest.approx(0.6e9)}
+    # continuous predicts 0.4 + 0.6 x 2 = 1.6 GB at cap 2 against 1.5 measured: +6.67%;
+    # static 0.5 + 0.5 x 2 = 1.5 against 1.6: -6.25%
+    assert out["check"]["cap"] == 2
+    assert [(c["policy"], c["predicted_bytes"], c["measured_bytes"]) for c in out["check"]["rows"]] == [
+        ("continuous", pytest.approx(1.6e9), 1.5e9), ("static", pytest.approx(1.5e9), 1.6e9)]
+    assert [c["error_pct"] for c in out["check"]["rows"]] == [pytest.approx(100 / 15), pytest.approx(-6.25)]
+    assert out["check"]["max_abs_error_pct"] == pytest.approx(100 / 15)
+    assert out["profiler_peak_rss_bytes"] == 4680000000
+    assert serving_memory_file(rows[:2], [1, 3], None, None)["check"] is None
+    assert serving_memory_file(rows[:2], [1, 3], None, None)["profiler_peak_rss_bytes"] is None
+
+
+def test_resident_memory_is_the_measurement_where_there_is_one_else_the_line():
+    out = serving_memory_file([row("static", 1, 1.0e9), row("static", 3, 2.0e9), row("static", 2, 1.6e9)],
+                              [1, 3], 2, None)
+    assert resident_at(out, "static", 2) == {"bytes": 1.6e9, "basis": "measured"}
+    assert resident_at(out, "static", 3) == {"bytes": 2.0e9, "basis": "measured"}
+    assert resident_at(out, "static", 64) == {"bytes": pytest.approx(0.5e9 + 64 * 0.5e9), "basis": "model"}
+    with pytest.raises(ValueError, match="at least 1"):
+        resident_at(out, "static", 0)
+    with pytest.raises(KeyError, match="continuous"):
+        resident_at(out, "continuous", 4)
+
+
+# a process that loads the tiny model and serves continuous at cap 4: itself (fresh) or in a forked child
+# of it, with the parent's file pages mapped first (forked) or not (unmapped); prints its peak
+SERVE = """import json, sys
+from servingplan.profiling.model import load_model
+from servingplan.serving.memory_probe import mapped_file_pages, probe_forked, serve_worst_case
+model = load_model("random", 0, {tiny!r})[0]
+case = (model, "continuous", 4, 768, 32, "prompt_tokens", 16)
+if sys.argv[1] == "fresh":
+    print(json.dumps([serve_worst_case(*case)["peak_rss_bytes"]]))
+elif sys.argv[1] == "after_parallel_work":
+    import torch
+    torch.set_num_threads(2)
+    for _ in range(20):  # OpenMP parallel regions in this process before it forks
+        torch.nn.functional.layer_norm(torch.randn(4096, 1024), (1024,))
+    print(json.dumps([probe_forked(*case, [])["peak_rss_bytes"]]))
+else:
+    pages = mapped_file_pages()
+    print(json.dumps([probe_forked(*case, pages)["peak_rss_bytes"], probe_forked(*case, [])["peak_rss_bytes"]]))
+"""
+
+
+def serve(mode):
+    return json.loads(subprocess.run([sys.executable, "-c", SERVE.format(tiny=TINY), mode], check=True,
+                                     capture_output=True, text=True, timeout=180).stdout)
+
+
+def test_a_probe_forked_after_parallel_work_in_its_parent_finishes():
+    # a child entering an OpenMP parallel region the parent's team left behind waits forever
+    (peak,) = serve("after_parallel_work")
+    assert peak > 0
+
+
+def test_a_forked_probe_reads_what_a_fresh_process_reads():
+    """The probe's child maps the parent's file pages before it serves: its peak is what the same
+    process would read serving the case itself, not the lower count of the pages the child touched."""
+    (fresh,), (forked, unmapped) = serve("fresh"), serve("fork")
+    assert forked == pytest.approx(fresh, rel=0.03)
+    assert unmapped < forked
+    pages = mapped_file_pages()
+    assert pages and all(length > 0 and length % 4096 == 0 for _, length in pages)
+
+
+def test_a_failing_probe_raises_in_the_parent(model):
+    with pytest.raises(RuntimeError, match="continuous cap 1: ValueError: memory.max_context=2"):
+        probe_forked(model, "continuous", 1, 2, 32, "prompt_tokens", 16, [])
+
+
+def test_the_measured_file_is_the_contract(model):
+    out = measure(model, ["static", "continuous_chunked"], [1, 2, 4, 8], 768, 32, "prompt_tokens", 16,
+                  {"memory": {"peak_rss_bytes": 4.68e9}})
+    assert set(out) == {"rows", "model", "check", "method", "profiler_peak_rss_bytes"}
+    assert [(r["policy"], r["cap"], r["use"]) for r in out["rows"]] == [
+        (policy, cap, "check" if cap == 2 else "fit") for policy in ("continuous_chunked", "static") for cap in (1, 2, 4, 8)]
+    for r in out["rows"]:
+        assert set(r) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens", "use"}
+        assert r["sequences"] == r["cap"] and r["context_tokens"] == 128 and r["peak_rss_bytes"] > 0
+    assert out["model"]["caps"] == [1, 4, 8] and set(out["model"]["policies"]) == {"static", "continuous_chunked"}
+    # the tiny model's KV (2 layers x 2 x 127 entries x 64 floats = 130 kB per sequence) is within the noise:
+    # the line only has to hold its own measurements to within a few percent
+    assert out["check"]["cap"] == 2 and len(out["check"]["rows"]) == 2
+    assert out["check"]["max_abs_error_pct"] < 5.0
+    assert out["profiler_peak_rss_bytes"] == 4680000000

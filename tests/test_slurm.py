@@ -47,7 +47,7 @@ SLURM_TIMEOUT_S = 2400
 # comes along because the replay reads its cost model: a cost model remade in the SLURM run
 # would be newer than the copied replay and re-serve it.
 MEASURED_OUTPUTS = ("results/profile/**/*", "results/fit/*", "results/validation/replay.json",
-                    "results/validation/memory/*.json", "results/validation/serving_memory.json",
+                    "results/validation/serving_memory.json",
                     "results/check/one_thread/*")
 
 # The simulation cells, copied as well but for one (policy, cap) per machine, the config's last policy at
@@ -63,7 +63,7 @@ CELL_OUTPUTS = ("results/machines/*/*/cells/*", "results/machines/*/sweep/chunks
 CELL_RULES = ("sweep_cell", "capacity_cell", "fleet_cell", "chunk_cell")
 # Local rules (`localrules:`): they measure or render on the submit host, never SLURM jobs (the
 # comparison of validation with the simulator, `validate`, is a simulation and may go to a node).
-LOCAL_RULES = ("profile", "profile_one_thread", "validate_replay", "serving_memory_cell", "report")
+LOCAL_RULES = ("profile", "profile_one_thread", "validate_replay", "serving_memory", "report")
 
 # Compared byte for byte: these suffixes under results/ ...
 COMPARED_SUFFIXES = (".csv", ".json")

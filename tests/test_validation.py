@@ -390,4 +390,4 @@ def test_the_replay_job_lists_what_it_imports_and_nothing_of_the_comparison():
     probe = imported_package_files("servingplan.serving.memory_probe, servingplan.profiling.model, "
                                    "servingplan.profiling.machine, servingplan.pipeline, servingplan.io")
     assert "serving/engine.py" not in probe
-    assert probe - simulator <= rule_sources("REPLAY_SOURCES =", "rule serving_memory_cell:")
+    assert probe - simulator <= rule_sources("REPLAY_SOURCES =", "rule serving_memory:")

@@ -4,6 +4,7 @@ import json
 import yaml
 
 from test_pipeline import QUICK, edited, planned_rules, snakemake
+from servingplan.serving.memory_probe import fit_caps, resident_at
 
 
 def test_a_simulator_edit_reruns_the_comparison_but_not_the_real_time_replay(quick_pipeline):
@@ -39,19 +40,26 @@ def test_the_replay_gives_the_comparison_findings_with_directions(quick_pipeline
             assert "truncated at" in console
 
 
-def test_serving_memory_has_one_row_per_policy_and_cap(quick_pipeline):
+def test_serving_memory_measures_each_policy_at_the_fitted_and_checked_caps_and_fits_its_line(quick_pipeline):
     pipeline = quick_pipeline[0]
     snakemake(pipeline, "results/validation/serving_memory.json")
     config = yaml.safe_load((pipeline / QUICK).read_text())
     memory = json.loads((pipeline / "results/validation/serving_memory.json").read_text())
-    assert set(memory) == {"rows", "profiler_peak_rss_bytes"}
+    assert set(memory) == {"rows", "model", "check", "method", "profiler_peak_rss_bytes"}
+    fitted, check = fit_caps(config["sweep"]["caps"])
+    measured = sorted([*fitted, *([check] if check is not None else [])])
     assert [(row["policy"], row["cap"]) for row in memory["rows"]] == sorted(
-        (policy, cap) for policy in config["sweep"]["policies"] for cap in config["sweep"]["caps"])
+        (policy, cap) for policy in config["sweep"]["policies"] for cap in measured)
+    assert memory["model"]["caps"] == fitted and set(memory["model"]["policies"]) == set(config["sweep"]["policies"])
     machine = json.loads((pipeline / "results/profile").glob("*/machine.json").__next__().read_text())
     assert memory["profiler_peak_rss_bytes"] == machine["memory"]["peak_rss_bytes"]
     for row in memory["rows"]:
-        assert set(row) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens"}
+        assert set(row) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens", "use"}
         assert row["sequences"] == row["cap"] and row["peak_rss_bytes"] > 0
+        assert row["use"] == ("fit" if row["cap"] in fitted else "check")
+        # every (policy, cap) the decision reads: measured where it was, else the policy's line
+        for cap in config["sweep"]["caps"]:
+            assert resident_at(memory, row["policy"], cap)["basis"] == ("measured" if cap in measured else "model")
 
 
 def _span(log):
@@ -68,7 +76,7 @@ def test_the_measurements_run_before_every_simulation_and_memory_probe(quick_pip
     replay, one_thread = _span(logs / "validate_replay.log"), _span(logs / "profile_one_thread.log")
     assert replay[1] <= one_thread[0]
     after = [logs / "exercise2.log", *logs.glob("*/sweep/*.log"), *logs.glob("*/capacity/*.log"),
-             *logs.glob("*/fleet/*.log"), *logs.glob("*/chunks/*.log"), *logs.glob("serving_memory/*.log")]
+             *logs.glob("*/fleet/*.log"), *logs.glob("*/chunks/*.log"), logs / "serving_memory.log"]
     assert len(after) > 20
     for log in after:
         assert _span(log)[0] >= one_thread[1], log
@@ -81,4 +89,4 @@ def test_a_rerun_measurement_reruns_none_of_the_jobs_ordered_after_it(quick_pipe
         rules = {line.split()[0] for line in out.stdout.splitlines() if len(line.split()) == 2}
         assert {measurement, downstream} <= rules, out.stdout
         assert not rules & {"sweep_cell", "capacity_cell", "fleet_cell", "chunk_cell", "exercise2",
-                            "serving_memory_cell"}, rules
+                            "serving_memory"}, rules

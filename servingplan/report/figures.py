@@ -491,11 +491,13 @@ def by_cap(latency: pd.DataFrame, column: str, rates: dict, ylabel: str, title: 
 
 # -- memory and cost -----------------------------------------------------------------------------------
 
-def memory_bars(memory: pd.DataFrame, budget_bytes: float, serving_rss: list[dict] = ()) -> Figure:
+def memory_bars(memory: pd.DataFrame, budget_bytes: float, serving_rss: list[dict] = (),
+                serving_model: dict | None = None) -> Figure:
     """Per cap: weights + KV reserved for the maximum context, and weights + KV used at the
     simulation's peak per policy, against the budget; with the whole serving process's peak resident
     memory measured at a (policy, cap) (results/validation/serving_memory.json's rows) as a bar of its own
-    kind on that policy's bar."""
+    kind on that policy's bar, and each policy's line fitted to its measurements (the file's model)
+    through its bars at every cap."""
     fig, axes = _figure(height=3.8)
     ax = axes[0, 0]
     caps = sorted(memory["max_num_seqs"].unique())
@@ -530,6 +532,14 @@ def memory_bars(memory: pd.DataFrame, budget_bytes: float, serving_rss: list[dic
                         ax.plot([x], [measured["peak_rss_bytes"] / 1e9], "_", ms=16, mew=2.5, color="black",
                                 label=None if label in labelled else label)
                         labelled.add(label)
+    for k, name in enumerate(bars):
+        line = ((serving_model or {}).get("policies") or {}).get(name)
+        if line is not None:
+            label = "serving memory: the line fitted to the caps measured"
+            ax.plot([i + (k - (len(bars) - 1) / 2) * width for i in range(len(caps))],
+                    [(line["intercept_bytes"] + line["slope_bytes_per_cap"] * cap) / 1e9 for cap in caps], "--",
+                    lw=1.2, color=POLICY_COLORS.get(name), label=None if label in labelled else label)
+            labelled.add(label)
     ax.axhline(budget_bytes / 1e9, color=TARGET_COLOR, ls="--", lw=1.2, label=f"budget {budget_bytes / 1e9:g} GB")
     ax.set_xticks(range(len(caps)), [str(c) for c in caps])
     ax.set_xlabel(CAP_AXIS)

@@ -426,6 +426,8 @@ def memory_section(run: RunResults) -> dict:
         "headroom_bytes": summary["budget_bytes"] - summary["weights_bytes"],
         "serving": clean(run.recommendation).get("serving_memory"),
         "serving_rows": measured.get("rows", []),
+        "serving_model": measured.get("model"),
+        "serving_check": measured.get("check"),
         "profiler_peak_bytes": measured.get("profiler_peak_rss_bytes"),
     }
 
@@ -661,7 +663,8 @@ def build_figures(run: RunResults, config: dict, context: dict, traces) -> dict[
         "itl": figures.by_cap(run.latency, "itl_ms_p99", {"today": today, "target": target},
                               "p99 inter-token gap (ms)", "Inter-token stalls: p99 gap between tokens"),
         "memory": figures.memory_bars(run.memory, context["memory"]["summary"]["budget_bytes"],
-                                      serving_rss=context["memory"]["serving_rows"]),
+                                      serving_rss=context["memory"]["serving_rows"],
+                                      serving_model=context["memory"]["serving_model"]),
         "cost": figures.cost_vs_replicas(cost["price_per_hour"], cost["offered_tokens_per_s"], cost["target_per_1k"],
                                          cost["max_replicas"], context["cost_data"]["marks"],
                                          context["cost_data"]["chosen"]),

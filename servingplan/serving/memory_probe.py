@@ -1,5 +1,6 @@
 """Serving memory measured where the decision is: the peak resident memory of a process serving one
-(policy, cap) at the worst case that cap allows.
+(policy, cap) at the worst case that cap allows, measured at a few caps in one process, and a line
+through them for every other cap.
 
 The worst case is `cap` sequences each holding the configured max context (memory.max_context tokens,
 prompt and reply together; at most the model's n_positions). The probe runs what the engine runs for
@@ -11,8 +12,7 @@ it, with the engine's own pieces:
   (cached + new), so a call no larger than another in both never needs more memory than it: only the
   calls no other call exceeds in both are run (largest_calls), two or three instead of dozens at a
   large cap under chunked prefill;
-- a decode step of the whole batch at the full context, through the engine's decode_step (the step
-  that copies the batch's cache, the largest transient of serving).
+- a decode step of the whole batch at the full context, through the engine's decode_step.
 Filling the other slots by copying the first instead of prefilling each one costs seconds instead of
 minutes at large caps and leaves the same bytes resident; the per-call transients are those of one
 call, since the engine runs its calls one after another.
@@ -20,27 +20,44 @@ call, since the engine runs its calls one after another.
 The peak is the kernel's high-water mark of the process's resident set (VmHWM), reset after the model
 is loaded (Linux: /proc/self/clear_refs), so it is the serving's peak with the weights resident, not
 the loading's; where the reset is unavailable it is the process's whole-life peak (ru_maxrss), load
-included, which can only overstate it. One process serves one (policy, cap): a process's high-water mark
-never falls, and the glibc setting the engine runs under (configure_allocator) keeps freed memory in
-the process, so an earlier configuration would leak into a later one's reading.
+included, which can only overstate it. A process's high-water mark never falls, and the glibc setting
+the engine runs under (configure_allocator) keeps freed memory in the process, so one process serves
+one (policy, cap): the stage loads the model once and forks a child per probe (probe_forked), which
+serves (at one thread: GNU OpenMP is not fork-safe, see probe_forked), reads its own peak, hands it back
+through a pipe and exits. A child maps the parent's anonymous
+pages (the weights, the heap) at the fork, but its file-backed pages (the libraries' code and data)
+only once it touches them, where a fresh process that loaded the model has them all resident: the
+child first maps every file page the parent has resident (mapped_file_pages, map_pages), so its
+reading is what a fresh serving process reads.
+
+With the engine writing KV in place, memory is about linear in the cap: the weights and the runtime,
+plus per sequence its KV slot and its share of a step's activations. Each policy's line is fitted to
+its own measured caps (fit_caps: the smallest, a middle and the largest swept cap; chunked prefill
+holds smaller prefill activations than a whole prompt's) and checked at one more cap (the check,
+predicted against measured). resident_at gives any (policy, cap): measured where it was, else the line.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
+import json
+import math
+import os
 import resource
 import sys
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from servingplan.device import model_device
-from servingplan.serving.kvpool import KVPool, decode_step, prefill_step
 from servingplan.sim.scheduler import BlockManager, Scheduler, Seq
 
 # reply tokens of each probe sequence: the first comes from its prefill, the last is never stored
 PROBE_OUTPUT_TOKENS = 2
 # decode steps of the whole batch at the full context: every one has the same shape, so one shows the peak
 PROBE_DECODE_STEPS = 1
+# madvise: fault in a range's pages for reading (Linux >= 5.14), as touching each page would
+MADV_POPULATE_READ = 22
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def reset_peak() -> bool:
@@ -94,43 +111,187 @@ def largest_calls(calls: list) -> list:
     return [call for call in unique if not any(covered(call, other) for other in unique)]
 
 
-@torch.inference_mode()
 def serve_worst_case(model, policy: str, cap: int, max_context: int, chunk_size: int, chunk_budget: str,
                      block_size: int) -> dict:
     """Run the worst case of (policy, cap) and return the contract row of serving_memory.json:
-    {policy, cap, peak_rss_bytes, sequences, context_tokens}. Call it in a fresh process, after the
-    model is loaded."""
-    config = model.config
-    context = min(int(max_context), int(config.n_positions))
-    prompt = context - PROBE_OUTPUT_TOKENS
-    if prompt < 1:
-        raise ValueError(f"memory.max_context={max_context}: leaves no prompt token beside "
-                         f"{PROBE_OUTPUT_TOKENS} reply tokens")
-    device = model_device(model)
-    gc.collect()
-    reset_peak()
-    # the entries a sequence of `context` tokens stores: its last token is never fed back
-    pool = KVPool(config, cap, context - 1, device)
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(config.vocab_size, (1, prompt), generator=generator)
-    for tokens, cached in largest_calls(prefill_calls(policy, cap, prompt, chunk_size, chunk_budget, block_size)):
-        prefill_step(model, pool, 0, ids[:, cached:cached + tokens].to(device), cached)
-    # every slot's pages written (the calls skipped would have written slot 0's first entries)
-    for tensor in (pool.keys, pool.values):
-        tensor[:, 1:].copy_(tensor[:, :1].expand_as(tensor[:, 1:]))
-        tensor[:, :1].add_(0.0)
-    # the reply's decode: each sequence holds its prompt, then prompt + 1 entries, up to context - 1
-    for step in range(PROBE_DECODE_STEPS):
-        lengths = torch.full((cap,), min(prompt + step, context - 2), dtype=torch.long)
-        decode_step(model, pool, lengths, torch.randint(config.vocab_size, (cap, 1), generator=generator))
-    return {"policy": policy, "cap": int(cap), "peak_rss_bytes": int(peak_rss_bytes()), "sequences": int(cap),
-            "context_tokens": int(context)}
+    {policy, cap, peak_rss_bytes, sequences, context_tokens}. Call it in a fresh process (or a forked
+    child, probe_forked), after the model is loaded."""
+    # imported here, not with the module: the planner reads resident_at without loading torch
+    import torch
+
+    from servingplan.device import model_device
+    from servingplan.serving.kvpool import KVPool, decode_step, prefill_step
+    with torch.inference_mode():
+        config = model.config
+        context = min(int(max_context), int(config.n_positions))
+        prompt = context - PROBE_OUTPUT_TOKENS
+        if prompt < 1:
+            raise ValueError(f"memory.max_context={max_context}: leaves no prompt token beside "
+                             f"{PROBE_OUTPUT_TOKENS} reply tokens")
+        device = model_device(model)
+        gc.collect()
+        reset_peak()
+        # the entries a sequence of `context` tokens stores: its last token is never fed back
+        pool = KVPool(config, cap, context - 1, device)
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(config.vocab_size, (1, prompt), generator=generator)
+        for tokens, cached in largest_calls(prefill_calls(policy, cap, prompt, chunk_size, chunk_budget, block_size)):
+            prefill_step(model, pool, 0, ids[:, cached:cached + tokens].to(device), cached)
+        # every slot's pages written (the calls skipped would have written slot 0's first entries)
+        for tensor in (pool.keys, pool.values):
+            tensor[:, 1:].copy_(tensor[:, :1].expand_as(tensor[:, 1:]))
+            tensor[:, :1].add_(0.0)
+        # the reply's decode: each sequence holds its prompt, then prompt + 1 entries, up to context - 1
+        for step in range(PROBE_DECODE_STEPS):
+            lengths = torch.full((cap,), min(prompt + step, context - 2), dtype=torch.long)
+            decode_step(model, pool, lengths, torch.randint(config.vocab_size, (cap, 1), generator=generator))
+        return {"policy": policy, "cap": int(cap), "peak_rss_bytes": int(peak_rss_bytes()), "sequences": int(cap),
+                "context_tokens": int(context)}
 
 
-def collect(rows: list[dict], machine: dict | None) -> dict:
-    """serving_memory.json: one row per (policy, cap) probed, sorted, and the profiler's own peak
+def fit_caps(caps) -> tuple[list[int], int | None]:
+    """The caps measured to fit the line, and the one measured to check it: the smallest, the middle
+    and the largest swept cap (both ends alone below four caps), and of the rest the one nearest, on a
+    log scale, the middle of the two largest fitted caps, where a line through them strays furthest
+    from a measured point (None when no cap is left)."""
+    swept = sorted({int(cap) for cap in caps})
+    fitted = sorted({swept[0], swept[len(swept) // 2], swept[-1]} if len(swept) >= 4 else {swept[0], swept[-1]})
+    rest = [cap for cap in swept if cap not in fitted]
+    if not rest:
+        return fitted, None
+    middle = math.sqrt(fitted[-1] * fitted[-2]) if len(fitted) > 1 else fitted[0]
+    return fitted, min(rest, key=lambda cap: (abs(math.log(cap / middle)), cap))
+
+
+def mapped_file_pages() -> list[tuple[int, int]]:
+    """(address, bytes) of every run of this process's file-backed, readable pages mapped now (Linux's
+    /proc/self/pagemap; none where it cannot be read): those a forked child does not map until it
+    touches them."""
+    runs = []
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
+            for line in maps.read().splitlines():
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6 or not fields[5].startswith("/") or not fields[1].startswith("r"):
+                    continue
+                start, end = (int(bound, 16) for bound in fields[0].split("-"))
+                pagemap.seek(start // PAGE_BYTES * 8)
+                entries = np.frombuffer(pagemap.read((end - start) // PAGE_BYTES * 8), dtype=np.uint64)
+                present = np.concatenate(([0], (entries >> np.uint64(63)).astype(np.int8), [0]))
+                edges = np.flatnonzero(np.diff(present))
+                runs += [(start + int(a) * PAGE_BYTES, int(b - a) * PAGE_BYTES) for a, b in zip(edges[::2], edges[1::2])]
+    except OSError:
+        return []
+    return runs
+
+
+def map_pages(runs: list[tuple[int, int]]) -> None:
+    """Map (fault in for reading) the pages of `runs` in this process: madvise where the kernel has
+    MADV_POPULATE_READ, else a read of each page."""
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    for start, length in runs:
+        if madvise(start, length, MADV_POPULATE_READ) != 0:
+            for address in range(start, start + length, PAGE_BYTES):
+                ctypes.string_at(address, 1)
+
+
+def probe_forked(model, policy: str, cap: int, max_context: int, chunk_size: int, chunk_budget: str,
+                 block_size: int, parent_pages: list[tuple[int, int]]) -> dict:
+    """serve_worst_case in a child of this process, which first maps `parent_pages` (this process's
+    mapped_file_pages, read once before the first fork) so that it holds what this process holds, then
+    serves, hands its row back through a pipe and exits; this process serves nothing, so every child
+    starts from the same memory."""
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_end)
+        status = 0
+        try:
+            # GNU OpenMP is not fork-safe: a child that enters a parallel region with more than one thread
+            # waits forever on the parent's team, whose threads it does not have (seen: a probe hung in
+            # LayerNorm after the parent had run torch at two threads). At one thread torch runs no
+            # parallel region. A step's per-thread scratch is kilobytes beside the KV pool's gigabytes:
+            # at cap 8 the forked one-thread reading matched a fresh process at the engine's threads.
+            import torch
+            torch.set_num_threads(1)
+            map_pages(parent_pages)
+            reply = serve_worst_case(model, policy, cap, max_context, chunk_size, chunk_budget, block_size)
+        except BaseException as error:  # noqa: BLE001 - the parent raises it
+            reply, status = {"error": f"{type(error).__name__}: {error}"}, 1
+        with os.fdopen(write_end, "w") as pipe:
+            pipe.write(json.dumps(reply))
+        os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        text = pipe.read()
+    _, wait_status = os.waitpid(pid, 0)
+    reply = json.loads(text) if text else {"error": f"the probe ended without a reading (wait status {wait_status})"}
+    if "error" in reply or wait_status != 0:
+        raise RuntimeError(f"serving memory probe {policy} cap {cap}: {reply.get('error', f'wait status {wait_status}')}")
+    return reply
+
+
+def fit_line(points: list[tuple[int, float]]) -> dict:
+    """The least-squares line bytes = intercept + slope x cap through (cap, bytes) points (a level line
+    through a single point)."""
+    caps = np.array([cap for cap, _ in points], dtype=float)
+    values = np.array([value for _, value in points], dtype=float)
+    slope = 0.0 if np.ptp(caps) == 0 else float(np.polyfit(caps, values, 1)[0])
+    return {"intercept_bytes": float(values.mean() - slope * caps.mean()), "slope_bytes_per_cap": slope}
+
+
+def serving_memory_file(rows: list[dict], fitted: list[int], check: int | None, machine: dict | None) -> dict:
+    """serving_memory.json: the measured rows (sorted by policy and cap, each with its use: fit or
+    check), each policy's line fitted to its rows at the `fitted` caps, the check at cap `check`
+    (predicted, measured, error in % of measured; None without a check cap) and the profiler's own peak
     (machine.json's memory.peak_rss_bytes: what measuring cost, not what serving needs; None when the
     cost model was imported and nothing was profiled here)."""
+    rows = sorted(({**row, "use": "fit" if row["cap"] in fitted else "check"} for row in rows),
+                  key=lambda row: (row["policy"], row["cap"]))
+    policies = sorted({row["policy"] for row in rows})
+    lines = {policy: fit_line([(row["cap"], row["peak_rss_bytes"]) for row in rows
+                               if row["policy"] == policy and row["use"] == "fit"]) for policy in policies}
+    checked = []
+    for row in rows:
+        if row["use"] == "check":
+            line = lines[row["policy"]]
+            predicted = line["intercept_bytes"] + line["slope_bytes_per_cap"] * row["cap"]
+            checked.append({"policy": row["policy"], "cap": row["cap"], "predicted_bytes": predicted,
+                            "measured_bytes": float(row["peak_rss_bytes"]),
+                            "error_pct": 100.0 * (predicted - row["peak_rss_bytes"]) / row["peak_rss_bytes"]})
     profiler = ((machine or {}).get("memory") or {}).get("peak_rss_bytes")
-    return {"rows": sorted(rows, key=lambda row: (row["policy"], row["cap"])),
+    return {"rows": rows,
+            "model": {"form": "intercept + slope x cap, per policy", "caps": list(fitted), "policies": lines},
+            "check": {"cap": check, "rows": checked,
+                      "max_abs_error_pct": max(abs(c["error_pct"]) for c in checked)} if checked else None,
+            "method": "one process loads the model; a forked child serves each probe and reads its own peak",
             "profiler_peak_rss_bytes": int(profiler) if profiler is not None else None}
+
+
+def measure(model, policies, caps, max_context: int, chunk_size: int, chunk_budget: str, block_size: int,
+            machine: dict | None) -> dict:
+    """serving_memory.json for `policies` over the swept `caps`: every policy probed at the fitted caps
+    and the check cap (fit_caps), each probe in a child of this process (probe_forked)."""
+    fitted, check = fit_caps(caps)
+    parent_pages = mapped_file_pages()
+    rows = [probe_forked(model, policy, cap, max_context, chunk_size, chunk_budget, block_size, parent_pages)
+            for policy in policies for cap in [*fitted, *([check] if check is not None else [])]]
+    return serving_memory_file(rows, fitted, check, machine)
+
+
+def resident_at(serving_memory: dict, policy: str, cap: int) -> dict:
+    """The serving process's resident memory at (policy, cap >= 1) from serving_memory.json:
+    {"bytes", "basis"}, basis "measured" where a probe served that (policy, cap), else "model" (the
+    policy's fitted line). KeyError where the file has neither for the policy."""
+    if int(cap) < 1:
+        raise ValueError(f"serving memory at cap {cap}: a cap is at least 1")
+    for row in serving_memory.get("rows", []):
+        if row["policy"] == policy and int(row["cap"]) == int(cap):
+            return {"bytes": float(row["peak_rss_bytes"]), "basis": "measured"}
+    line = ((serving_memory.get("model") or {}).get("policies") or {}).get(policy)
+    if line is None:
+        raise KeyError(f"serving memory: {policy} at cap {cap} was neither measured nor modelled")
+    return {"bytes": float(line["intercept_bytes"] + line["slope_bytes_per_cap"] * int(cap)), "basis": "model"}
