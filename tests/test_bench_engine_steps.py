@@ -12,7 +12,9 @@ REFERENCE = {"gemm_s": 1.0, "copy_s": 1.0}
 
 def worker(decode_s: float, reference_scale: float = 1.0) -> dict:
     reference = {kind: value * reference_scale for kind, value in REFERENCE.items()}
-    return {"reference before": reference, "decode B32 ctx512": decode_s, "reference after": reference}
+    # the reading after the shapes carries the process's state too: never counted as the machine's drift
+    return {"reference before": reference, "decode B32 ctx512": decode_s,
+            "reference after": {kind: 3 * value for kind, value in reference.items()}}
 
 
 def test_the_ratio_is_taken_round_by_round_and_noise_is_the_before_tree_s_spread():
