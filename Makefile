@@ -29,3 +29,17 @@ clean:
 .PHONY: llamacpp
 llamacpp:
 	bash scripts/build_llamacpp.sh
+
+# Issue 36: check the GPU targets' estimates on a machine with a GPU (docs/hardware.md#checking-the-estimates-on-a-gpu).
+# Runs from the source tree with the machine's own python (torch with CUDA; no venv, snakemake or jsonschema
+# needed), carrying over this machine's fit and its profile's machine.json: copy results/fit/costmodel.json and
+# results/profile/<fingerprint>/machine.json along. GPU_CHECK_ARGS adds flags (--device cpu --tiny: no GPU).
+GPU_PYTHON ?= python3
+OUT ?= results/gpu_check
+CARRY_FROM ?= results/fit/costmodel.json
+MACHINE_JSON ?= $(firstword $(wildcard results/profile/*/machine.json))
+.PHONY: gpu-check
+gpu-check:
+	@test -n "$(MACHINE_JSON)" || { echo "gpu-check: no results/profile/*/machine.json; set MACHINE_JSON=..." >&2; exit 2; }
+	PYTHONPATH=. $(GPU_PYTHON) -m servingplan.gpu_check --out $(OUT) --carry-from $(CARRY_FROM) \
+		--machine-json $(MACHINE_JSON) $(GPU_CHECK_ARGS)

@@ -39,7 +39,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from servingplan.capacity import speed_band_models  # noqa: E402
-from servingplan.config import ConfigError, check, simulation_seeds  # noqa: E402
+from servingplan.config import ConfigError, check
+from servingplan.seeds import simulation_seeds  # noqa: E402
 from servingplan.planner import prefill_floor, traces  # noqa: E402
 from servingplan.profiling.fit import fit_profile  # noqa: E402
 from servingplan.profiling.measure import run_profile  # noqa: E402

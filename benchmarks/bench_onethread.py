@@ -34,7 +34,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from servingplan import carry_check  # noqa: E402
-from servingplan.config import ConfigError, check, simulation_seeds  # noqa: E402
+from servingplan.config import ConfigError, check
+from servingplan.seeds import simulation_seeds  # noqa: E402
 from servingplan.costmodel import CostModel, load  # noqa: E402
 from servingplan.io import read_json  # noqa: E402
 

@@ -34,7 +34,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from servingplan import planner, searches  # noqa: E402
-from servingplan.config import HERE, simulation_seeds  # noqa: E402
+from servingplan.config import HERE
+from servingplan.seeds import simulation_seeds  # noqa: E402
 from servingplan.costmodel import load  # noqa: E402
 from servingplan.io import read_json, write_csv, write_json  # noqa: E402
 

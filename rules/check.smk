@@ -75,7 +75,8 @@ rule carry_over_check:
         "results/check/carry_over_check.json",
     params:
         # what the capacity cells read (their cells are the config's policies and caps), and the model's shape
-        **sim_params(drop=("chunk_sizes", "rates")),
+        # this machine at 1 thread: its own KV model (no machine wildcard here)
+        **{**sim_params(drop=("chunk_sizes", "rates")), "memory": memory_of(HERE, keep=SIM_MEMORY_KEYS)},
         cells=config_keys(config["sweep"], keep=("policies", "caps")),
         capacity=config_keys(config["capacity"]),
         model=config_keys(config["model"]),

@@ -4,10 +4,12 @@ import json
 import os
 
 from servingplan.config import (HERE, LLAMACPP, PROFILE_SOURCE, carry_over_check_skipped, check_or_exit,
-                                costmodel_source, engine, simulation_seeds)
+                                costmodel_source, engine)
+from servingplan.hardware import kv_memory_of, memory_for
 from servingplan.pipeline import canonical, config_keys
 from servingplan.profiling.machine import fingerprint, resolve_threads
 from servingplan.report import names as display_names
+from servingplan.seeds import simulation_seeds
 from servingplan.sim.policies import wildcard as policy_wildcard
 
 check_or_exit(config)
@@ -34,6 +36,31 @@ HARDWARE = {target["name"]: target for target in config.get("hardware", [])}
 # {machine}: a machine's results are under results/machines/{machine}/.
 MACHINES = [HERE, *HARDWARE]
 MACHINE_DIR = "results/machines/{machine}"
+
+
+def memory_of(name, keep=None):
+    """The memory section as machine `name`'s jobs read it (the keys in `keep`), with that machine's KV
+    model (kv_memory_of: configured, or its engine's default) as `kv_memory`, which drives both the
+    simulation's admission and the memory verdict."""
+    return config_keys(memory_for(config, name), keep=keep)
+
+
+def machine_memory(keep=None):
+    """memory_of as a params function of the job's machine wildcard."""
+    return lambda wildcards: memory_of(wildcards.machine, keep)
+
+
+# what a simulation's KV pool is sized by: the KV model, and the budget (paged) or the slots' context (slots)
+SIM_MEMORY_KEYS = ("block_size", "budget_gb", "kv_memory", "max_context")
+
+
+def runtime_input(wildcards):
+    """A paged pool on this machine sits beside the serving runtime measured there (serving_memory.json,
+    validate.smk, included later: looked up when the job is built); slots, a target or an imported cost
+    model read no measurement."""
+    if wildcards.machine != HERE or not PROFILED or kv_memory_of(config, HERE)["model"] != "paged":
+        return {}
+    return {"serving_memory": rules.serving_memory.output[0]}
 
 wildcard_constraints:
     policy=policy_wildcard(),
@@ -67,8 +94,9 @@ def sources(*patterns):
 # A trace file is an input of every rule that reads it: editing the file reruns them. Its path, like
 # every path the user names, is relative to the directory snakemake runs in.
 TRACE_FILE = [config["workload"]["trace"]["path"]] if config["workload"].get("trace") else []
+# memory.py sizes a cell's KV pool; serving/memory_probe.py reads the runtime a paged pool sits beside
 SIM_SOURCES = sources("sim/*.py", "costmodel.py", "workload.py", "metrics.py", "capacity.py", "searches.py",
-                      "io.py", "pipeline.py")
+                      "io.py", "pipeline.py", "memory.py", "serving/memory_probe.py")
 CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 

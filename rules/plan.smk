@@ -20,6 +20,10 @@ def machine_label(name):
             "measured": False}
 
 
+# a GPU target that sets no launch_overhead_ms pays the host time per call a GPU check measured (config gpu_check)
+from servingplan.gpu_check import with_measured_launch_overhead
+
+
 rule carry_over:
     """A target machine's step-time model: this machine's carried over by the roofline."""
     input:
@@ -31,10 +35,12 @@ rule carry_over:
         terms=f"{MACHINE_DIR}/carry_over.json",
     params:
         model=config_keys(config["model"]),
-        # the roofline and the kind of machine (a GPU's launch overhead) alone: a target's description or
-        # price reaches its recommendation only
-        target=lambda wildcards: config_keys(HARDWARE[wildcards.machine],
-                                             keep=("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms")),
+        # the roofline and the kind of machine (a GPU's launch overhead, measured by config gpu_check's check
+        # where the target sets none, with its basis) alone: a target's description or price reaches its
+        # recommendation only
+        target=lambda wildcards: config_keys(
+            with_measured_launch_overhead(HARDWARE[wildcards.machine], config.get("gpu_check")),
+            keep=("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms", "launch_overhead_basis")),
     threads: 1
     resources:
         mem_mb=500,
@@ -47,6 +53,7 @@ rule carry_over:
 
 rule fleet_cell:
     input:
+        unpack(runtime_input),
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
@@ -69,17 +76,56 @@ rule fleet_cell:
         "../scripts/fleet_cell.py"
 
 
-rule memory:
-    """Weights + KV per (policy, cap) on one machine: the reservation, and its simulations' peak."""
+rule cap_search:
+    """One machine and policy: the largest cap memory allows, and the smallest that meets latency and
+    capacity, found from the grid's verdicts by simulating the caps between (servingplan/cap_search.py)."""
     input:
+        unpack(runtime_input),
+        costmodel=costmodel_of,
+        machine=MACHINE_JSON,
+        trace=TRACE_FILE,
+        latency=rules.collect.output.latency,
+        capacity=rules.collect.output.capacity,
+        code=SIM_SOURCES + sources("cap_search.py", "planner.py", "seeds.py"),
+    output:
+        f"{MACHINE_DIR}/search/{{policy}}.json",
+    params:
+        **sim_params(drop=("chunk_sizes", "rates")),
+        capacity=config_keys(config["capacity"]),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=30,
+    log:
+        "results/logs/{machine}/search/{policy}.log",
+    benchmark:
+        "results/benchmarks/{machine}/search/{policy}.tsv"
+    script:
+        "../scripts/cap_search.py"
+
+
+def measured_serving_memory(wildcards):
+    """This machine's serving memory per (policy, cap), which the memory table reports beside the KV
+    model's figure (validate.smk, included after this file, so looked up when the job is built)."""
+    if wildcards.machine != HERE or not PROFILED:
+        return {}
+    return {"serving_memory": rules.serving_memory.output[0]}
+
+
+rule memory:
+    """Weights + KV per (policy, cap) on one machine, grid and searched caps: as its KV model judges it,
+    the reservation, its simulations' peak, and the measured serving memory where there is one."""
+    input:
+        unpack(measured_serving_memory),
         machine=MACHINE_JSON,
         latency=rules.collect.output.latency,
-        code=sources("memory.py"),
+        searches=machine_cells("search/{policy}.json", policy=config["sweep"]["policies"]),
+        code=sources("memory.py", "planner.py", "serving/memory_probe.py"),
     output:
         table=report(f"{MACHINE_DIR}/memory.csv", caption="../reports/captions/memory.rst", category="Plan"),
         summary=f"{MACHINE_DIR}/memory.json",
     params:
-        memory=config_keys(config["memory"]),
+        memory=machine_memory(),
         rate=config["workload"]["rate"],
     threads: 1
     resources:
@@ -91,23 +137,15 @@ rule memory:
         "../scripts/memory.py"
 
 
-def serving_memory(wildcards):
-    """The serving process's peak memory per (policy, cap) measured on this machine (contract 1,
-    validate.smk, which is included after this file, so it is looked up when the job is built). A
-    target is judged on the arithmetic alone: that process is this machine's, which no target shares."""
-    if wildcards.machine != HERE or not PROFILED:
-        return {}
-    return {"serving_memory": rules.serving_memory.output[0]}
-
-
 rule recommend:
     """One machine's configurations judged against the four targets, at that machine's price."""
     input:
-        unpack(serving_memory),
+        unpack(measured_serving_memory),
         latency=rules.collect.output.latency,
         capacity=rules.collect.output.capacity,
         memory=rules.memory.output.table,
         fleet=machine_cells("fleet/cells/{cell}.json", cell=CELLS),
+        searches=machine_cells("search/{policy}.json", policy=config["sweep"]["policies"]),
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
@@ -121,6 +159,8 @@ rule recommend:
         workload=config_keys(config["workload"]),
         seeds=SEEDS,
         label=lambda wildcards: machine_label(wildcards.machine),
+        # the machine's KV model and why (configured, or its engine's default), which the report states
+        kv_memory=lambda wildcards: kv_memory_of(config, wildcards.machine),
     threads: 1
     resources:
         mem_mb=500,

@@ -18,6 +18,9 @@ if carry_over_check_skipped(config) is None:
 # the engines compared, when llama.cpp runs too (rules/llamacpp.smk, included after this file)
 if engine(config) == LLAMACPP:
     MEASURED_INPUTS["engines"] = "results/llamacpp/engines.json"
+# the GPU targets' estimates checked on a real GPU, when config gpu_check names a check (servingplan/gpu_check):
+# the section on other machines quotes its errors
+GPU_CHECK_INPUT = {"gpu_check": config["gpu_check"]} if config.get("gpu_check") else {}
 
 
 # The comparisons the report states about the simulations, decided by the planner (servingplan/findings.py)
@@ -68,6 +71,7 @@ rule coverage:
 rule report:
     input:
         **MEASURED_INPUTS,
+        **GPU_CHECK_INPUT,
         machine=MACHINE_JSON,
         costmodel=COSTMODEL,
         # this machine's results (machine wildcard `here`, results/machines/here/), then the decision
@@ -90,7 +94,7 @@ rule report:
         workload=rules.workload.output[0],
         trace=TRACE_FILE,
         templates=repository_files("reports/templates/*.j2"),
-        code=sources("report/*.py"),
+        code=sources("report/*.py", "gpu_check/__init__.py"),
     output:
         html=report("results/report/report.html", caption="../reports/captions/report_html.rst", category="Report"),
         md=report("results/report/report.md", caption="../reports/captions/report_md.rst", category="Report"),

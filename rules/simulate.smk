@@ -14,7 +14,7 @@ def sim_params(drop=()):
         workload=config_keys(config["workload"]),
         slo=config_keys(config["slo"]),
         sweep=config_keys(config["sweep"], drop=("caps", "policies", *drop)),
-        memory=config_keys(config["memory"], keep=("block_size", "budget_gb")),
+        memory=machine_memory(keep=SIM_MEMORY_KEYS),
         seeds=SEEDS,
     )
 
@@ -40,6 +40,7 @@ rule workload:
 
 rule sweep_cell:
     input:
+        unpack(runtime_input),
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
@@ -62,6 +63,7 @@ rule sweep_cell:
 
 rule chunk_cell:
     input:
+        unpack(runtime_input),
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
@@ -84,6 +86,7 @@ rule chunk_cell:
 
 rule capacity_cell:
     input:
+        unpack(runtime_input),
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,

@@ -43,7 +43,7 @@ rule validate_replay:
         model=config["model"],
         threads=config["profile"]["threads"],
         sweep=VALIDATION_SWEEP,
-        memory=config["memory"],
+        memory=memory_of(HERE),
         seed=config["seed"],
     threads: workflow.cores
     resources:
@@ -75,7 +75,7 @@ rule validate:
         validation=config["validation"],
         workload=config["workload"],
         sweep={**VALIDATION_SWEEP, "horizon_factor": config["sweep"]["horizon_factor"]},
-        memory=config["memory"],
+        memory=memory_of(HERE),
         seed=config["seed"],
     threads: 1
     resources:

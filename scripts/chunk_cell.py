@@ -2,12 +2,15 @@ from servingplan.costmodel import read_written
 from servingplan.io import read_json, write_csv
 from servingplan.pipeline import run_stage
 from servingplan.planner import chunk_cell
+from servingplan.serving.memory_probe import measured_runtime
 
 
 def main(sm):
-    write_csv(sm.output[0], chunk_cell(read_written(sm.input.costmodel), read_json(sm.input.machine), int(sm.wildcards.cap),
+    machine = read_json(sm.input.machine)
+    write_csv(sm.output[0], chunk_cell(read_written(sm.input.costmodel), machine, int(sm.wildcards.cap),
                                        sm.params.workload, sm.params.slo, sm.params.sweep, sm.params.memory,
-                                       sm.params.seeds))
+                                       sm.params.seeds,
+                                       runtime_bytes=measured_runtime(sm.input.get("serving_memory"), machine)))
 
 
 run_stage(snakemake, main)

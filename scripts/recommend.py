@@ -12,7 +12,8 @@ def main(sm):
         pd.read_csv(sm.input.latency), pd.read_csv(sm.input.capacity), pd.read_csv(sm.input.memory),
         [read_json(p) for p in sm.input.fleet], sm.params.cost, sm.params.slo, sm.params.workload, sm.params.seeds,
         step_model=read_written(sm.input.costmodel), machine=read_json(sm.input.machine), label=sm.params.label,
-        serving_memory=read_json(serving_memory) if serving_memory else None))
+        serving_memory=read_json(serving_memory) if serving_memory else None,
+        searches=[read_json(p) for p in sm.input.searches], kv_memory=sm.params.kv_memory))
 
 
 run_stage(snakemake, main)

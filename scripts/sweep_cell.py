@@ -2,12 +2,15 @@ from servingplan.costmodel import read_written
 from servingplan.io import read_json, write_csv
 from servingplan.pipeline import run_stage
 from servingplan.planner import sweep_cell
+from servingplan.serving.memory_probe import measured_runtime
 
 
 def main(sm):
-    frame = sweep_cell(read_written(sm.input.costmodel), read_json(sm.input.machine), sm.wildcards.policy,
+    machine = read_json(sm.input.machine)
+    frame = sweep_cell(read_written(sm.input.costmodel), machine, sm.wildcards.policy,
                        int(sm.wildcards.cap), sm.params.workload, sm.params.slo, sm.params.sweep,
-                       sm.params.memory, sm.params.seeds)
+                       sm.params.memory, sm.params.seeds,
+                       runtime_bytes=measured_runtime(sm.input.get("serving_memory"), machine))
     write_csv(sm.output[0], frame)
 
 

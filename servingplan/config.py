@@ -235,6 +235,7 @@ def check(config: dict) -> list[str]:
     _check_llamacpp(config)
     _check_device(config["model"].get("device", "cpu"))
     _check_hardware(config.get("hardware", []), costmodel_source(config))
+    _check_gpu_check(config.get("gpu_check"))
     return warnings
 
 
@@ -329,18 +330,6 @@ def carry_over_check_skipped(config: dict) -> str | None:
     return None
 
 
-def derived_seeds(master_seed: int, count: int) -> list[int]:
-    """The seeds of `count` workload draws, derived the same way in every stage so that the seeds of
-    different stages never collide."""
-    return [master_seed * 1000 + i for i in range(count)]
-
-
-def simulation_seeds(config: dict) -> list[int]:
-    """The workload draws the simulations, capacity searches and plans use: sweep.seeds of them, or one
-    for a trace file, which is one fixed workload (every seed would replay the same requests)."""
-    return derived_seeds(config["seed"], 1 if config["workload"].get("trace") else config["sweep"]["seeds"])
-
-
 def costmodel_source(config: dict) -> str:
     """"profile", or the path of the cost-model JSON the run imports instead of profiling."""
     return config.get("costmodel", {}).get("source", PROFILE_SOURCE)
@@ -358,6 +347,20 @@ def _check_costmodel(section: dict | None) -> None:
         read_file(source)
     except ValueError as exc:
         raise ConfigError(f"config error: costmodel.source = {exc}")
+
+
+def _check_gpu_check(path: str | None) -> None:
+    """config gpu_check (issue 36): the gpu_check.json of a GPU check (python -m servingplan.gpu_check),
+    relative to the directory snakemake runs in, or null. A regular file holding the check's contract
+    (servingplan.gpu_check.read_check), made on a GPU with the full model and a CPU model carried over:
+    the report quotes its errors and the GPU targets take its host time per call."""
+    if path is None:
+        return
+    from servingplan.gpu_check import read_check   # here: only a config naming a check reads one
+    try:
+        read_check(path)
+    except ValueError as exc:
+        raise ConfigError(f"config error: gpu_check = {' '.join(str(exc).split())}")
 
 
 def _check_device(device: str) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from servingplan import workload
-from servingplan.config import derived_seeds
+from servingplan.seeds import derived_seeds
 from servingplan.costmodel import EXERCISE2, CostModel, decode_curve
 from servingplan.metrics import SLO, finite_or_none, itl_values, per_request, percentile, summarize
 from servingplan.seeds import over_seeds

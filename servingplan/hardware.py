@@ -22,6 +22,9 @@ whether it was clamped. A GPU target (`kind: gpu`) also pays the host's time per
 roofline sees: eager PyTorch launches each of a forward pass's kernels from Python, one after another
 (LAUNCH_OVERHEAD_BASIS). A decode step or prefill call there never takes less than
 `launch_overhead_ms`, so its fixed terms (and each decode-batch table value) are floored at it too.
+A GPU check (servingplan.gpu_check) measures that host time on a real GPU; with config gpu_check, a
+GPU target that sets no launch_overhead_ms of its own pays the measured one, and says so
+(launch_overhead_origin).
 
 The result is an estimate from the roofline, not a measurement: it assumes the target's kernels reach
 the same share of its peak as this machine's reached of its probes (CARRY_OVER_LEAVES_OUT).
@@ -69,6 +72,20 @@ def launch_overhead_s(target: dict) -> float:
     return (default if given is None else float(given)) / 1000.0
 
 
+def launch_overhead_origin(target: dict) -> tuple[str | None, str | None]:
+    """(source, basis) of the host time per model call `target` pays: "measured" with the basis a GPU
+    check states (the rule carry_over fills in launch_overhead_ms and launch_overhead_basis from config
+    gpu_check for a GPU target that sets neither: servingplan.gpu_check), "configured" (its own
+    launch_overhead_ms) or "default" (LAUNCH_OVERHEAD_BASIS); (None, None) when it pays none."""
+    if not launch_overhead_s(target):
+        return None, None
+    if target.get("launch_overhead_basis"):
+        return "measured", target["launch_overhead_basis"]
+    if target.get("launch_overhead_ms") is not None:
+        return "configured", "as configured (hardware[].launch_overhead_ms)"
+    return "default", LAUNCH_OVERHEAD_BASIS
+
+
 # the terms paid once per model call: the ones a per-call launch overhead floors
 PER_CALL_TERMS = ("decode_fixed_s", "prefill_fixed_s", "decode_batch_fixed_s")
 ROUNDING = 1e-9
@@ -80,6 +97,7 @@ def _carry(name: str, seconds: float, work: roofline.Work, here: dict, target: d
     target_s, target_bound = roofline.floor(work, target["bandwidth_gbs"], target["gflops"])
     scale = target_s / here_s
     overhead = launch_overhead_s(target) if name in PER_CALL_TERMS else 0.0
+    source, basis = launch_overhead_origin(target) if overhead else (None, None)
     floor_target = max(target_s, overhead)
     scaled = seconds * scale
     # a term the fit held at this machine's floor scales to the target's floor up to rounding: not a clamp
@@ -89,7 +107,8 @@ def _carry(name: str, seconds: float, work: roofline.Work, here: dict, target: d
             "bound_here": here_bound, "bound_target": target_bound,
             "roofline_here_s": here_s, "roofline_target_s": target_s, "scale": scale,
             "efficiency_here": here_s / seconds if seconds > 0 else None,
-            "launch_overhead_s": overhead, "floor_target_s": floor_target,
+            "launch_overhead_s": overhead, "launch_overhead_source": source, "launch_overhead_basis": basis,
+            "floor_target_s": floor_target,
             "seconds_here": seconds, "seconds_scaled": scaled, "seconds_target": max(scaled, floor_target),
             "clamped": clamped_to is not None, "clamped_to": clamped_to}
 
@@ -115,13 +134,15 @@ def carry_over(cost: CostModel, arch: dict, here: dict, target: dict) -> tuple[C
 
 def carry_over_notes(target: dict, rows: list[dict]) -> dict:
     """What a carried-over model assumes and leaves out (its meta.carry_over), from the target's config
-    entry and the rows `carry_over` gives: the target's kind, the launch overhead assumed and its basis,
-    the terms clamped to the target's floor, and what the estimate leaves out."""
-    overhead = launch_overhead_s(target)
-    basis = "as configured (hardware[].launch_overhead_ms)" if target.get("launch_overhead_ms") is not None \
-        else LAUNCH_OVERHEAD_BASIS
-    return {"target_kind": machine_kind(target), "launch_overhead_s": overhead,
-            "launch_overhead_basis": basis if overhead else None,
+    entry and the rows `carry_over` gives: the target's kind, the launch overhead assumed with its source
+    and basis, the terms clamped to the target's floor, and what the estimate leaves out. The overhead is
+    read off the rows, the per-call terms it floored: the rule carry_over may have carried to the config
+    entry with a GPU check's measured host time filled in (launch_overhead_origin), which the entry a later
+    caller holds (the planner's) does not state."""
+    per_call = next(row for row in rows if row["term"] in PER_CALL_TERMS)
+    return {"target_kind": machine_kind(target), "launch_overhead_s": per_call["launch_overhead_s"],
+            "launch_overhead_source": per_call["launch_overhead_source"],
+            "launch_overhead_basis": per_call["launch_overhead_basis"],
             "clamped_terms": [row["term"] if row["batch"] is None else f"{row['term']}[{row['batch']}]"
                               for row in rows if row["clamped"]],
             "leaves_out": list(CARRY_OVER_LEAVES_OUT)}
@@ -135,3 +156,30 @@ def here_roofline(machine: dict) -> dict:
     return {"name": "this machine", "bandwidth_gbs": float(seen["bandwidth_gbs"]),
             "gflops": float(seen["gemm_gflops"]), "readings": int(seen["readings"]),
             "peak_bandwidth_gbs": float(probes["bandwidth_gbs"]), "peak_gflops": float(probes["gemm_gflops"])}
+
+
+def kv_memory_of(config: dict, machine: str) -> dict:
+    """How `machine`'s serving engine holds KV (servingplan/memory.py) and why: its config entry's
+    `kv_memory` when given; else slots for this machine (the project's engine, and llama.cpp's server,
+    reserve every slot's context), paged for a GPU target (vLLM's pool there) and slots for a CPU target
+    (llama.cpp's server there)."""
+    if machine == HERE:
+        configured = config["memory"].get("kv_memory")
+        return {"model": configured, "basis": "configured"} if configured else {"model": "slots",
+                                                                                 "basis": "default_this_engine"}
+    return target_kv_memory(next(t for t in config.get("hardware", []) if t["name"] == machine))
+
+
+def target_kv_memory(target: dict) -> dict:
+    """kv_memory_of for a `hardware` entry."""
+    if target.get("kv_memory"):
+        return {"model": target["kv_memory"], "basis": "configured"}
+    if target.get("kind", "cpu") == "gpu":
+        return {"model": "paged", "basis": "default_gpu"}
+    return {"model": "slots", "basis": "default_cpu"}
+
+
+def memory_for(config: dict, machine: str) -> dict:
+    """The memory section as `machine`'s simulations and verdicts read it: with its KV model (kv_memory_of)
+    as `kv_memory`."""
+    return {**config["memory"], "kv_memory": kv_memory_of(config, machine)["model"]}

@@ -15,7 +15,7 @@ from servingplan import hardware, money
 from servingplan.hardware import HERE
 from servingplan.capacity import speed_band_models
 from servingplan.costmodel import CostModel
-from servingplan.memory import GB, kv_blocks, memory_plan
+from servingplan.memory import GB, kv_blocks, kv_memory_model, memory_plan, paged_pool_blocks, slot_blocks
 from servingplan.metrics import summarize
 from servingplan.searches import capstone_slo, traces
 from servingplan.seeds import over_seeds
@@ -30,12 +30,15 @@ def sweep_rates(sweep_cfg: dict, workload_cfg: dict, slo_cfg: dict) -> list[floa
                                                           float(slo_cfg["capacity_target_rate"])})
 
 
-def sweep_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds) -> pd.DataFrame:
-    """Every (rate, seed) of one cell: latency percentiles, goodput, stability, KV use."""
-    blocks = kv_blocks(machine, memory)
+def sweep_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds,
+               runtime_bytes: float | None = None, rates: list[float] | None = None) -> pd.DataFrame:
+    """Every (rate, seed) of one cell: latency percentiles, goodput, stability, KV use; the KV pool is the
+    machine's KV model's (memory.kv_blocks; `runtime_bytes`: the measured serving runtime a paged pool
+    sits beside). The rates are the sweep's (sweep_rates) unless `rates` names others."""
+    blocks = kv_blocks(machine, memory, cap, runtime_bytes)
     rows = []
     for seed, trace in zip(seeds, traces(workload, seeds)):
-        for rate in sweep_rates(sweep, workload, slo):
+        for rate in rates if rates is not None else sweep_rates(sweep, workload, slo):
             result = simulate_load(trace.with_rate(rate), step_model, policy, cap, sweep["chunk_size"], blocks,
                                    memory["block_size"], sweep["horizon_factor"], workload.get("max_concurrency"),
                                    record_tokens=True, chunk_budget=policies.chunk_budget(sweep))
@@ -45,11 +48,12 @@ def sweep_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     return pd.DataFrame(rows)
 
 
-def chunk_cell(step_model, machine, cap, workload, slo, sweep, memory, seeds) -> pd.DataFrame:
+def chunk_cell(step_model, machine, cap, workload, slo, sweep, memory, seeds,
+               runtime_bytes: float | None = None) -> pd.DataFrame:
     """Every chunking policy of the registry at one cap, for each configured chunk size, at today's rate
     and the capacity target rate, per seed: chunk sizes below the longest prompt split it, and trade
     shorter stalls for decoding sequences against more steps per prompt."""
-    blocks = kv_blocks(machine, memory)
+    blocks = kv_blocks(machine, memory, cap, runtime_bytes)
     rates = sorted({float(workload["rate"]), float(slo["capacity_target_rate"])})
     rows = []
     for policy in (p.name for p in policies.REGISTRY if p.unchunked):
@@ -78,28 +82,43 @@ def capacity_rows(cell: dict):
                                           for s in result["per_seed"])}
 
 
-def memory_table(machine: dict, latency: pd.DataFrame, memory_cfg: dict, rate: float) -> tuple[pd.DataFrame, dict]:
-    """Weights + KV per (policy, cap): reserved for the maximum context, and the simulation's peak
-    of paged blocks at today's rate (the largest over seeds)."""
+def memory_table(machine: dict, latency: pd.DataFrame, memory_cfg: dict, rate: float,
+                 runtime_bytes: float | None = None, serving_memory: dict | None = None) -> tuple[pd.DataFrame, dict]:
+    """Weights + KV per (policy, cap) of `latency` (the grid's cells and the cap search's): as the
+    machine's KV model judges it (memory.memory_plan: the paged pool, or cap slots), beside the
+    reservation for the maximum context, the simulation's peak of blocks held and its most preemptions at
+    today's rate (over seeds), and, where this machine's serving was measured (`serving_memory`), the
+    serving process's resident memory there (measured at that cap, or from the line fitted to the caps
+    measured) with the runtime beside weights + KV that it implies."""
     mem = machine["memory"]
-    budget = memory_cfg["budget_gb"] * GB
     today = latency[np.isclose(latency["rate"], rate)]
     rows = []
     for (policy, cap), group in today.groupby(["policy", "max_num_seqs"], sort=True):
-        rows.append({"policy": policy, **memory_plan(int(cap), mem["param_bytes"], mem["kv_bytes_per_token"],
-                                                     memory_cfg["max_context"], memory_cfg["block_size"],
-                                                     budget, int(group["peak_kv_blocks"].max()))})
+        cap = int(cap)
+        plan = memory_plan(cap, mem["param_bytes"], mem["kv_bytes_per_token"], memory_cfg,
+                           int(group["peak_kv_blocks"].max()), kv_blocks(machine, memory_cfg, cap, runtime_bytes),
+                           runtime_bytes)
+        measured = _measured_memory(serving_memory, policy, cap)
+        rows.append({"policy": policy, **plan, "preemptions_max": int(group["preemptions"].max()),
+                     "resident_bytes": measured["bytes"] if measured else None,
+                     "resident_basis": measured["basis"] if measured else None,
+                     # what the serving process holds beyond weights + its slots' KV
+                     "resident_beyond_reserved_bytes": measured["bytes"] - plan["total_reserved_bytes"]
+                     if measured else None})
     table = pd.DataFrame(rows)
     model = machine["model"]
     summary = {
-        "budget_bytes": budget,
+        "kv_memory": kv_memory_model(memory_cfg),
+        "budget_bytes": memory_cfg["budget_gb"] * GB,
         "weights_bytes": mem["param_bytes"],
         "params": model.get("params"),
         "kv_bytes_per_token_measured": mem["kv_bytes_per_token"],
         "kv_bytes_per_token_analytic": mem["kv_bytes_per_token_expected"],
         "rss_after_load_bytes": mem["rss_after_load_bytes"],
         "peak_rss_profile_bytes": mem["peak_rss_bytes"],
-        "kv_blocks_in_budget": kv_blocks(machine, memory_cfg),
+        "runtime_bytes": runtime_bytes,
+        "kv_blocks_in_budget": paged_pool_blocks(machine, memory_cfg, runtime_bytes),
+        "slot_blocks": slot_blocks(memory_cfg),
         "largest_cap_in_budget": int(table["largest_cap_in_budget"].iloc[0]) if len(table) else None,
         "max_context": memory_cfg["max_context"],
         "block_size": memory_cfg["block_size"],
@@ -181,49 +200,95 @@ def _fleet_replicas(found: int, single_capacity: dict, target_rate: float, max_r
     return needed if needed <= max_replicas else found
 
 
+def latency_capacity_row(cell: dict, capacity_frame: pd.DataFrame, slo: dict) -> dict:
+    """One machine's latency and capacity figures at (policy, cap): `cell` is the cell's row of the
+    latency table over seeds at today's rate (seeds.over_seeds, with spread), the capacity rows those of
+    the capacity table. Judged by _judge_latency_capacity; the grid's cells and the cap search's read it."""
+    pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
+    policy, cap = cell["policy"], int(cell["max_num_seqs"])
+    latency_ms = _defined(cell[pct])
+    capacity = _capacity_row(capacity_frame, "ttft_slo", policy, cap)
+    keeps_up = _capacity_row(capacity_frame, "stable", policy, cap)
+    return {
+        "policy": policy, "max_num_seqs": cap, "replicas": 1, "router": None,
+        "stable_today": cell["stable"],
+        "latency_ms": latency_ms,
+        "latency_ms_range": [cell[f"{pct}_min"], cell[f"{pct}_max"]] if latency_ms is not None else None,
+        "goodput_rps": _defined(cell["goodput_rps"]),
+        "capacity_rps": capacity["rps"], "capacity_interval": capacity["interval"],
+        "capacity_never_met": capacity["never_met"], "capacity_with_speed_band": capacity["with_speed_band"],
+        "keeps_up_rps": keeps_up["rps"], "keeps_up_interval": keeps_up["interval"],
+    }
+
+
+def today_cells(latency: pd.DataFrame, workload: dict) -> pd.DataFrame:
+    """The latency table at today's rate, one row per (policy, cap) over seeds with their spread."""
+    return over_seeds(latency[np.isclose(latency["rate"], float(workload["rate"]))], ["policy", "max_num_seqs"],
+                      spread=True)
+
+
+def searched_frames(searches: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The latency rows (today's rate, per seed) and capacity rows of the caps the cap searches
+    simulated (cap_search), as rows of the grid's latency and capacity tables."""
+    latency = [row for found in searches for probe in found["probes"] for row in probe["latency_rows"]]
+    capacity = [row for found in searches for probe in found["probes"] for row in probe["capacity_rows"]]
+    return pd.DataFrame(latency), pd.DataFrame(capacity)
+
+
+def with_searched(frame: pd.DataFrame, searched: pd.DataFrame) -> pd.DataFrame:
+    """A grid table with the searched caps' rows after it."""
+    return frame if searched.empty else pd.concat([frame, searched], ignore_index=True)
+
+
 def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.DataFrame, fleet_cells: list[dict],
               cost_cfg: dict, slo: dict, workload: dict, seeds: list[int], step_model: CostModel,
-              machine: dict | None = None, serving_memory: dict | None = None, label: dict | None = None) -> dict:
+              machine: dict | None = None, serving_memory: dict | None = None, label: dict | None = None,
+              searches: list[dict] | None = None, kv_memory: dict | None = None) -> dict:
     """One machine's decision as data: every configuration (one machine, or a fleet of it) scored
     against the four targets on the pessimistic end of each interval, the cheapest that meets all (or
     the closest), the one physical reason when none does, what it would take, the next step, the
     options in the decision's form (`decide` ranks them across machines) and the routes to the targets.
-    `serving_memory` (this machine only) is the serving process's measured peak per (policy, cap); a
-    (policy, cap) without a row, and every target machine, is judged on the reservation. `label` names
-    the machine (THIS_MACHINE when not given). The report only formats this."""
+    The configurations are the sweep grid's (with their fleets) and the caps the cap search simulated
+    (`searches`, one per policy: cap_search; one machine each), whose ranges of caps meeting all four the
+    result states. Memory is judged by the machine's KV model (`memory`, memory_table; `kv_memory`: the
+    model and why, hardware.kv_memory_of); `serving_memory` (this machine only), the serving process's
+    measured peak per (policy, cap), is reported beside it. `label` names the machine (THIS_MACHINE when
+    not given). The report only formats this."""
     label = dict(label or THIS_MACHINE)
+    searches = searches or []
     price = cost_cfg["price_per_hour"]
     demand = offered_tokens_per_s(workload, seeds)
     today_rate = float(workload["rate"])
     target_rate = float(slo["capacity_target_rate"])
-    pct = f"ttft_ms_p{slo['ttft_percentile']:g}"
-    today = over_seeds(latency[np.isclose(latency["rate"], today_rate)], ["policy", "max_num_seqs"], spread=True)
+    searched_latency, searched_capacity = searched_frames(searches)
+    capacity_frame = with_searched(capacity_frame, searched_capacity)
+    today = today_cells(with_searched(latency, searched_latency), workload)
     mem_rows = memory.set_index(["policy", "max_num_seqs"])
     fleets = {(c["policy"], c["max_num_seqs"]): c for c in fleet_cells}
+    grid = set(fleets)
 
     candidates = []
     for cell in today.to_dict(orient="records"):
         policy, cap = cell["policy"], int(cell["max_num_seqs"])
-        latency_ms = _defined(cell[pct])
-        mem_row, fleet = mem_rows.loc[(policy, cap)], fleets[(policy, cap)]
+        mem_row, fleet = mem_rows.loc[(policy, cap)], fleets.get((policy, cap))
         # a configuration that does not keep up serves no defined share of the traffic: no dollars
         served = _defined(cell["throughput_tok_s"]) if cell["stable"] else None
         capacity = _capacity_row(capacity_frame, "ttft_slo", policy, cap)
-        keeps_up = _capacity_row(capacity_frame, "stable", policy, cap)
         measured = _measured_memory(serving_memory, policy, cap)
         slowest = _defined(cell.get("throughput_tok_s_min")) if served else None
         fastest = _defined(cell.get("throughput_tok_s_max")) if served else None
         row = {
-            "policy": policy, "max_num_seqs": cap, "replicas": 1, "router": None,
-            "stable_today": cell["stable"],
-            "latency_ms": latency_ms,
-            "latency_ms_range": [cell[f"{pct}_min"], cell[f"{pct}_max"]] if latency_ms is not None else None,
-            "goodput_rps": _defined(cell["goodput_rps"]),
-            "capacity_rps": capacity["rps"], "capacity_interval": capacity["interval"],
-            "capacity_never_met": capacity["never_met"], "capacity_with_speed_band": capacity["with_speed_band"],
-            "keeps_up_rps": keeps_up["rps"], "keeps_up_interval": keeps_up["interval"],
-            "memory_bytes": float(mem_row["total_reserved_bytes"]),
+            **latency_capacity_row(cell, capacity_frame, slo),
+            # a cap the cap search simulated, not one of sweep.caps (it has no fleet search)
+            "searched": (policy, cap) not in grid,
+            "memory_kv_model": mem_row["kv_memory"],
+            "memory_bytes": float(mem_row["judged_bytes"]),
+            "memory_reserved_bytes": float(mem_row["total_reserved_bytes"]),
             "memory_used_peak_bytes": float(mem_row["total_used_peak_bytes"]),
+            "memory_pool_blocks": int(mem_row["pool_blocks"]),
+            "memory_fits": bool(mem_row["fits"]),
+            "preemptions_max": int(mem_row["preemptions_max"]),
+            "memory_runtime_bytes": _defined(mem_row.get("runtime_bytes")),
             "memory_measured_bytes": measured["bytes"] if measured else None,
             "memory_measured_basis": measured["basis"] if measured else None,
             "budget_bytes": float(mem_row["budget_bytes"]),
@@ -232,11 +297,11 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
             "cost_per_1k_interval": [money.cost_per_1k_tokens(price, 1, fastest or served),
                                      money.cost_per_1k_tokens(price, 1, slowest or served)] if served else None,
             "throughput_tok_s": served,
-            "speedup_needed": fleet["speedup_needed"],
-            "speedup_bracket": fleet.get("speedup_bracket"),
+            "speedup_needed": fleet["speedup_needed"] if fleet else None,
+            "speedup_bracket": fleet.get("speedup_bracket") if fleet else None,
         }
         candidates.append(_judge(row, slo, cost_cfg))
-        for router, found in fleet["fleets"].items():
+        for router, found in (fleet["fleets"] if fleet else {}).items():
             if found["feasible"] and found["replicas"] > 1:
                 detail = found["detail"]
                 replicas = _fleet_replicas(found["replicas"], capacity, target_rate, cost_cfg["max_replicas"])
@@ -252,7 +317,9 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
 
     passing = [c for c in candidates if c["passes_all"]]
     if passing:
-        chosen = min(passing, key=lambda c: (c["cost_per_1k_interval"][1], c["replicas"], -(c["capacity_rps"] or 0)))
+        # as the decision ranks them (_rank): the cheapest at the dear end, then the most capacity at the low end
+        chosen = min(passing, key=lambda c: (c["cost_per_1k_interval"][1], -(c["capacity_judged_rps"] or 0.0),
+                                             c["replicas"]))
         status = "met"
     else:
         chosen = min((c for c in candidates if c["replicas"] == 1),
@@ -268,6 +335,10 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
     return {
         "label": label,
         "status": status,
+        "kv_memory": kv_memory,
+        # each policy's cap search (cap_search), without its probes' rows (they are candidates above)
+        "cap_searches": [{k: v for k, v in found.items() if k != "probes"} for found in searches],
+
         "targets": list(TARGETS),
         "chosen": chosen,
         "verdict": _verdict(chosen, slo, cost_cfg),
@@ -291,14 +362,40 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
     }
 
 
+def cap_range(option: dict, options: list[dict], search: dict | None) -> dict | None:
+    """The caps around a one-machine option (one of `options`, its machine's, in the decision's form)
+    that meet all four targets: the cap search's range of caps meeting latency and capacity (from its
+    smallest such cap up to the largest it found before a failure or the memory bound), narrowed to the
+    run of judged caps meeting all four that holds the option's cap. The caps between two judged ones
+    are claimed by verdicts the search checked for order (`monotone`); `judged` lists the caps behind
+    the claim; `bound` says what ends it above: the memory bound (slots, or the paged pool) or a failing
+    verdict. None for a fleet, an option missing a target, or a policy without a search."""
+    if option["replicas"] != 1 or not option["meets_all"] or not search or search["smallest_cap"] is None:
+        return None
+    low, high = search["range"]
+    judged = sorted((o["cap"], o["meets_all"]) for o in options
+                    if o["replicas"] == 1 and o["policy"] == option["policy"] and low <= o["cap"] <= high)
+    caps = [c for c, _ in judged]
+    if option["cap"] not in caps:
+        return {"low": option["cap"], "high": option["cap"], "judged": [option["cap"]],
+                "monotone": search["monotone"], "bound": "verdict"}
+    first = last = caps.index(option["cap"])
+    while first > 0 and judged[first - 1][1]:
+        first -= 1
+    while last + 1 < len(judged) and judged[last + 1][1]:
+        last += 1
+    return {"low": caps[first], "high": caps[last], "judged": caps[first:last + 1], "monotone": search["monotone"],
+            "bound": search["upper"]["bound"] if caps[last] == search["upper"]["cap"] else "verdict"}
+
+
 def _defined(value) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
-def _judge(row: dict, slo: dict, cost_cfg: dict) -> dict:
-    """The four verdicts of one configuration, each on the pessimistic end of its interval: the slowest
-    seed's TTFT percentile, the low end of the capacity interval, the measured serving memory where
-    there is one (else the reservation), the dearest end of the cost."""
+def _judge_latency_capacity(row: dict, slo: dict) -> dict:
+    """The latency and capacity verdicts of one configuration (latency_capacity_row), each on the
+    pessimistic end of its interval: the slowest seed's TTFT percentile at today's rate (a queue that
+    grows has none, and fails), the low end of the capacity interval."""
     stable = bool(row["stable_today"])
     worst_ms = (row["latency_ms_range"][1] if row["latency_ms_range"] else row["latency_ms"]) if stable else None
     row["latency_judged_ms"] = worst_ms
@@ -307,8 +404,17 @@ def _judge(row: dict, slo: dict, cost_cfg: dict) -> dict:
     row["capacity_judged_rps"] = lowest_rps
     row["capacity_target_met"] = not row["capacity_never_met"] and lowest_rps >= slo["capacity_target_rate"]
     row["capacity_met"] = row["capacity_target_met"]
-    judged_bytes = row["memory_measured_bytes"] if row["memory_measured_bytes"] is not None else row["memory_bytes"]
-    row["memory_met"] = judged_bytes <= row["budget_bytes"]
+    return row
+
+
+def _judge(row: dict, slo: dict, cost_cfg: dict) -> dict:
+    """The four verdicts of one configuration, each on the pessimistic end of its interval: latency and
+    capacity (_judge_latency_capacity); memory by the machine's KV model (memory.memory_plan's `fits`:
+    weights + the paged pool, or + cap slots of the longest context; a measured resident figure is
+    reported beside it, not judged, as the target counts weights + KV only); the dearest end of the cost."""
+    _judge_latency_capacity(row, slo)
+    stable = bool(row["stable_today"])
+    row["memory_met"] = bool(row["memory_fits"])
     row["cost_met"] = (stable and row["cost_per_1k_interval"] is not None
                        and row["cost_per_1k_interval"][1] <= cost_cfg["target_per_1k_tokens"])
     row["n_pass"] = sum(bool(row[f"{t}_met"]) for t in TARGETS)
@@ -350,16 +456,19 @@ def _option(row: dict, slo: dict, cost_cfg: dict, price: float, measured: bool) 
                      "note": (f"{row['replicas']} × one machine's interval; judged on its low end" if row["replicas"] > 1
                               else "interval over seeds" + (" and the measured speed band" if row.get(
                                   "capacity_with_speed_band") else "") + "; judged on its low end")},
-        "memory": {"pass": row["memory_met"],
-                   "value": measured_bytes if measured_bytes is not None else row["memory_bytes"],
-                   "low": None, "high": None,
-                   "judged": measured_bytes if measured_bytes is not None else row["memory_bytes"],
-                   "target": row["budget_bytes"], "unit": "bytes",
-                   "basis": row["memory_measured_basis"] if measured_bytes is not None else "reserved",
-                   "note": ("peak resident memory of the serving process at this policy and cap" + (
-                       "" if row["memory_measured_basis"] == "measured" else
-                       ", from the line fitted to the caps measured")) if measured_bytes is not None else
-                   "weights + KV for every sequence at the longest context; no serving measurement at this policy and cap"},
+        "memory": {"pass": row["memory_met"], "value": row["memory_bytes"], "low": None, "high": None,
+                   "judged": row["memory_bytes"], "target": row["budget_bytes"], "unit": "bytes",
+                   "basis": row["memory_kv_model"], "cap": row["max_num_seqs"],
+                   "reserved_bytes": row["memory_reserved_bytes"], "used_peak_bytes": row["memory_used_peak_bytes"],
+                   "pool_blocks": row["memory_pool_blocks"], "preemptions": row["preemptions_max"],
+                   "runtime_bytes": row["memory_runtime_bytes"], "resident_bytes": measured_bytes,
+                   "resident_basis": row["memory_measured_basis"],
+                   "note": (f"weights + a paged pool of {row['memory_pool_blocks']} KV blocks, what the budget leaves"
+                            + (" beside the measured runtime" if row["memory_runtime_bytes"] is not None else "")
+                            + f"; the simulation's peak held {row['memory_used_peak_bytes'] / GB:.3g} GB and preempted "
+                            f"{row['preemptions_max']} times at most")
+                   if row["memory_kv_model"] == "paged" else
+                   f"weights + {row['max_num_seqs']} slots of KV, each reserving the longest context"},
         "cost": {"pass": row["cost_met"], "value": cost_value, "low": dollars[0], "high": dollars[1],
                  "judged": dollars[1], "target": float(cost_cfg["target_per_1k_tokens"]),
                  "unit": "$ per 1,000 tokens", "basis": basis,
@@ -368,7 +477,7 @@ def _option(row: dict, slo: dict, cost_cfg: dict, price: float, measured: bool) 
     }
     misses = [t for t in TARGETS if not verdicts[t]["pass"]]
     return {"replicas": row["replicas"], "router": row["router"], "policy": row["policy"],
-            "cap": row["max_num_seqs"], "stable": stable, "verdicts": verdicts,
+            "cap": row["max_num_seqs"], "searched": bool(row.get("searched")), "stable": stable, "verdicts": verdicts,
             "usd_per_1k": {"value": cost_value if cost_value is not None else dollars[1],
                            "low": dollars[0], "high": dollars[1]},
             "price_per_hour": float(price), "meets_all": not misses, "misses": misses,
@@ -380,11 +489,16 @@ def _option(row: dict, slo: dict, cost_cfg: dict, price: float, measured: bool) 
 def _rank(option: dict) -> tuple:
     """The decision's order: options meeting all four targets first; then every option with a defined
     cost before any without (one that does not keep up); then the fewest targets missed; then the
-    cheapest at the dear end of its dollars; then the smallest speed-up needed; then the fewest replicas."""
+    cheapest at the dear end of its dollars; then, meeting all four, the most capacity at the low end of its
+    interval, or else the smallest speed-up needed; then the fewest replicas."""
     high = option["usd_per_1k"]["high"]
     speedup = option.get("speedup_needed")
+    # among options meeting all four at the same dollars, the one with the most capacity at its low end
+    # (the most headroom over the capacity target); among the others, the one needing the least speed-up
+    nearer = (-(option["verdicts"]["capacity"]["judged"] or 0.0) if option["meets_all"]
+              else math.inf if speedup is None else speedup)
     return (not option["meets_all"], high is None, len(option["misses"]), math.inf if high is None else high,
-            math.inf if speedup is None else speedup, option["replicas"], option.get("machine", ""), option["policy"], option["cap"], option["router"] or "")
+            nearer, option["replicas"], option.get("machine", ""), option["policy"], option["cap"], option["router"] or "")
 
 
 def _as_interval(values: list[float], value: float) -> dict:
@@ -451,8 +565,12 @@ def decide(recommendations: list[dict]) -> dict:
     machines = []
     for rec in recommendations:
         best = next((o for o in ranked if o["machine"] == rec["label"]["machine"]), None)
+        searches = {found["policy"]: found for found in rec.get("cap_searches", [])}
+        search = searches.get(best["policy"]) if best else None
         machines.append({**rec["label"], "best": best, "meets_all": bool(best and best["meets_all"]),
-                         "misses": best["misses"] if best else list(TARGETS)})
+                         "misses": best["misses"] if best else list(TARGETS), "kv_memory": rec.get("kv_memory"),
+                         "cap_range": cap_range(best, rec["options"], search) if best else None,
+                         "cap_search": search, "cap_searches": list(searches.values())})
     shown = {o["rank"] for o in (first, *(m["best"] for m in machines)) if o}
     for option in ranked:
         if len(shown) >= TABLE_HEAD_ROWS:
@@ -564,7 +682,7 @@ def _speedup_interval(factor: float, bracket, band: dict) -> list[float]:
 
 def _what_it_would_take(fleets: dict, memory: pd.DataFrame, price: float, demand: float, cost_cfg: dict,
                         chosen: dict, today_rate: float, capacity_frame: pd.DataFrame) -> dict:
-    fits = set(map(tuple, memory[memory["fits_reserved"]][["policy", "max_num_seqs"]].itertuples(index=False)))
+    fits = set(map(tuple, memory[memory["fits"].astype(bool)][["policy", "max_num_seqs"]].itertuples(index=False)))
     best_fleet = {}
     for router in cost_cfg["routers"]:
         options = [(f["fleets"][router]["replicas"], key) for key, f in fleets.items()
@@ -645,7 +763,7 @@ def _verdict(chosen: dict, slo: dict, cost_cfg: dict) -> list[dict]:
          "interval": chosen["capacity_interval"], "never_met": chosen["capacity_never_met"],
          "held_by_fleet": chosen["replicas"] > 1, "passed": chosen["capacity_met"]},
         {"target": "memory", "goal_bytes": chosen["budget_bytes"], "achieved": chosen["memory_bytes"],
-         "used_peak_bytes": chosen["memory_used_peak_bytes"],
+         "kv_model": chosen["memory_kv_model"], "used_peak_bytes": chosen["memory_used_peak_bytes"],
          "measured_bytes": chosen["memory_measured_bytes"],
          "measured_cap": chosen["max_num_seqs"] if chosen["memory_measured_bytes"] is not None else None,
          "measured_basis": chosen["memory_measured_basis"],

@@ -36,11 +36,11 @@ CAPACITY_CRITERIA = ("ttft_slo", "joint_attainment", "stable")
 
 
 def capacity_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity,
-                  criteria=CAPACITY_CRITERIA) -> dict:
+                  criteria=CAPACITY_CRITERIA, runtime_bytes: float | None = None) -> dict:
     """Capacity under three criteria (or those of them named in `criteria`): the TTFT percentile SLO
     (the capstone's), joint attainment of TTFT and TPOT, and bare stability (the most load the machine
-    keeps up with at all)."""
-    blocks = kv_blocks(machine, memory)
+    keeps up with at all). The KV pool is the machine's KV model's (memory.kv_blocks)."""
+    blocks = kv_blocks(machine, memory, cap, runtime_bytes)
     draws = traces(workload, seeds)
     every = {
         "ttft_slo": Criterion(ttft_slo(slo)),
@@ -81,7 +81,7 @@ def _targets_hold(run, rates, slo, verdict_only: bool = False) -> tuple[bool, di
 
 
 def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, seeds, capacity, cost_cfg,
-               speedup_band: bool = True) -> dict:
+               speedup_band: bool = True, runtime_bytes: float | None = None) -> dict:
     """Smallest fleet per router that meets both latency targets, and the single-machine speed-up
     that would do the same (with `speedup_band`, also at the slowest and fastest measured speed).
     Runs stop once settled unstable (the verdict and its detail read no latency of an unstable run).
@@ -92,8 +92,8 @@ def fleet_cell(step_model, machine, policy, cap, workload, slo, sweep, memory, s
     One replica's runs are shared by every router and the speed-up search; each search starts from
     the analytic bounds: a speed-up below the one that brings the prefill floor's percentile to the
     target fails, and with one slot per replica, so do fewer replicas, or a smaller speed-up, than
-    the busy-time floor needs to keep up."""
-    blocks = kv_blocks(machine, memory)
+    the busy-time floor needs to keep up. Each replica's KV pool is the machine's KV model's."""
+    blocks = kv_blocks(machine, memory, cap, runtime_bytes)
     draws = traces(workload, seeds)
     rates = {"today": float(workload["rate"]), "capacity_target": float(slo["capacity_target_rate"])}
     target_slo = ttft_slo(slo)

@@ -74,3 +74,15 @@ def seed_spread(values) -> list[float] | None:
     import pandas as pd
     figures = figures_over_seeds(pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float), spread=True)
     return None if figures is None else [figures["min"], figures["max"]]
+
+
+def derived_seeds(master_seed: int, count: int) -> list[int]:
+    """The seeds of `count` workload draws, derived the same way in every stage so that the seeds of
+    different stages never collide."""
+    return [master_seed * 1000 + i for i in range(count)]
+
+
+def simulation_seeds(config: dict) -> list[int]:
+    """The workload draws the simulations, capacity searches and plans use: sweep.seeds of them, or one
+    for a trace file, which is one fixed workload (every seed would replay the same requests)."""
+    return derived_seeds(config["seed"], 1 if config["workload"].get("trace") else config["sweep"]["seeds"])

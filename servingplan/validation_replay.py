@@ -399,7 +399,9 @@ def run_replay(model, cost, machine: dict, profile_points: pd.DataFrame, workloa
     stage_s (where the stage's time went). It reads no simulation."""
     budget = Budget(validation["max_wall_s"])
     policy, cap, chunk = validation["policy"], validation["cap"], sweep["chunk_size"]
-    blocks = kv_blocks(machine, memory)
+    # the engine admits as the decision's KV model of this machine does (a paged pool here would sit beside a
+    # runtime that serving_memory measures after the replay, so it is sized by the budget alone)
+    blocks = kv_blocks(machine, memory, cap)
     reference = reference_rps(cost, workload, cap, seed)
     say(f"load reference: the cost model serves {reference:.3g} req/s at {policy} cap {cap}")
     planned = list(validation_traces(workload, validation, reference, seed))

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from servingplan import carry_check
-from servingplan.config import simulation_seeds
+from servingplan.hardware import HERE, memory_for
+from servingplan.seeds import simulation_seeds
 from test_planner import FAST, MACHINE, small_config
 
 
@@ -20,8 +21,8 @@ def machine(threads: int, bandwidth_gbs: float, gflops: float) -> dict:
 def settings() -> dict:
     config = small_config()
     config["sweep"].update(policies=["continuous", "static"], caps=[4])
-    return {**{k: config[k] for k in ("workload", "slo", "sweep", "memory", "capacity")},
-            "seeds": simulation_seeds(config), "model": config["model"]}
+    return {**{k: config[k] for k in ("workload", "slo", "sweep", "capacity")},
+            "memory": memory_for(config, HERE), "seeds": simulation_seeds(config), "model": config["model"]}
 
 
 # peaks far above what MEASURED's terms reach, so that no carried term meets a floor (none is clamped)

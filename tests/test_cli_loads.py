@@ -388,13 +388,14 @@ def test_the_config_check_merges_an_overlay_onto_config_yaml_as_snakemake_does()
 
 def test_the_sweep_runs_closed_loop_under_workload_max_concurrency():
     from servingplan import planner
+    from servingplan.hardware import HERE, memory_for
     from test_planner import MACHINE, small_config
     config = small_config()
 
     def sweep(**load):
         workload_cfg = {**config["workload"], **load}
         return planner.sweep_cell(costmodel.EXERCISE2, MACHINE, "continuous_chunked", 4, workload_cfg, config["slo"],
-                                  config["sweep"], config["memory"], [0])
+                                  config["sweep"], memory_for(config, HERE), [0])
     open_loop = sweep()
     # as many slots as requests: every request is sent at its arrival, the open loop
     assert sweep(max_concurrency=int(config["workload"]["num_requests"])).equals(open_loop)

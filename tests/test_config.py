@@ -32,6 +32,10 @@ def test_shipped_configs_are_valid():
      "config error: cost.price_per_hour = 'cheap': must be of type number"),
     (lambda c: c["cost"].pop("price_per_hour"), "config error: cost.price_per_hour is missing (required)"),
     (lambda c: c["memory"].__setitem__("budget_gib", 2), "config error: memory.budget_gib is not a known key"),
+    (lambda c: c["memory"].__setitem__("kv_memory", "pooled"),
+     "config error: memory.kv_memory = 'pooled': allowed: paged, slots"),
+    (lambda c: c["hardware"][1].__setitem__("kv_memory", "vllm"),
+     "config error: hardware[1].kv_memory = 'vllm': allowed: paged, slots"),
     (lambda c: c["workload"].__setitem__("rate", 0), "config error: workload.rate = 0: must be > 0"),
     (lambda c: c["workload"]["output"].__setitem__("mean", 300),
      "config error: workload.output.mean = 300: must lie strictly between min (8) and max (256)"),
@@ -226,3 +230,16 @@ def test_llamacpp_settings_are_refused_in_one_line(change, expected):
         check(llamacpp_with(change))
     assert str(refused.value).startswith(expected), str(refused.value)
     assert len(str(refused.value).splitlines()) == 1
+
+
+def test_each_machine_names_how_its_engine_holds_kv():
+    from servingplan.hardware import kv_memory_of, memory_for
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    # this machine: the project's slot engine; a GPU target: vLLM's paged pool; a CPU target: llama.cpp's slots
+    assert kv_memory_of(config, "here") == {"model": "slots", "basis": "default_this_engine"}
+    assert kv_memory_of(config, "nvidia-t4") == {"model": "paged", "basis": "default_gpu"}
+    assert kv_memory_of(config, "laptop-ryzen7-7840u") == {"model": "slots", "basis": "default_cpu"}
+    config["hardware"][1]["kv_memory"] = "slots"
+    config["memory"]["kv_memory"] = "paged"
+    assert kv_memory_of(config, "nvidia-t4") == {"model": "slots", "basis": "configured"}
+    assert memory_for(config, "here")["kv_memory"] == "paged"

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from servingplan import exercise2, workload
-from servingplan.config import derived_seeds
+from servingplan.seeds import derived_seeds
 from servingplan.costmodel import EXERCISE2, CostModel
 from servingplan.sim import simulate
 from servingplan.sim.steps import STEP_COLUMNS, StepRecorder

@@ -14,7 +14,9 @@ from markupsafe import escape
 
 import test_report
 from servingplan import architecture, hardware, planner, roofline, searches
-from servingplan.config import ConfigError, check, simulation_seeds
+from servingplan.config import ConfigError, check
+from servingplan.hardware import memory_for, target_kv_memory
+from servingplan.seeds import simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_json
 from servingplan.report import blocks, names
@@ -242,15 +244,19 @@ def hardware_report(tmp_path_factory):
         return render_with_targets(tmp_path_factory.mktemp("hardware"))
 
 
-def plan_machine(cost: CostModel, machine: dict, config: dict, cells, seeds, label: dict, price=None) -> dict:
+def plan_machine(cost: CostModel, machine: dict, config: dict, cells, seeds, label: dict, price=None,
+                 target: dict | None = None) -> dict:
     """What the pipeline's per-machine rules compute for one machine, in process: its cells on `cost`
-    (sweep_cell, capacity_cell, fleet_cell), collected, its memory table, and its recommendation."""
-    args = (config["workload"], config["slo"], config["sweep"], config["memory"], seeds)
+    (sweep_cell, capacity_cell, fleet_cell), collected, its memory table, and its recommendation; a
+    `target`'s KV model is its entry's."""
+    memory_cfg = ({**config["memory"], "kv_memory": target_kv_memory(target)["model"]} if target
+                  else memory_for(config, label["machine"]))
+    args = (config["workload"], config["slo"], config["sweep"], memory_cfg, seeds)
     latency = pd.concat([planner.sweep_cell(cost, machine, p, c, *args) for p, c in cells], ignore_index=True)
     capacity = pd.DataFrame([row for p, c in cells for row in
                              planner.capacity_rows(searches.capacity_cell(cost, machine, p, c, *args, config["capacity"]))])
     fleets = [searches.fleet_cell(cost, machine, p, c, *args, config["capacity"], config["cost"]) for p, c in cells]
-    memory, _ = planner.memory_table(machine, latency, config["memory"], config["workload"]["rate"])
+    memory, _ = planner.memory_table(machine, latency, memory_cfg, config["workload"]["rate"])
     priced = {**config["cost"], **({"price_per_hour": price} if price is not None else {})}
     return planner.recommend(latency, capacity, memory, fleets, priced, config["slo"], config["workload"], seeds,
                              step_model=cost, machine=machine, label=label)
@@ -263,7 +269,7 @@ def plan_target(cost: CostModel, machine: dict, config: dict, target: dict, cell
     roofline = {k: target[k] for k in ("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms") if k in target}
     carried, terms = hardware.carry_over(cost, architecture.architecture(config["model"]), here, roofline)
     label = {"machine": target["name"], "display_name": target.get("description") or target["name"], "measured": False}
-    return (plan_machine(carried, machine, config, cells, seeds, label, target.get("price_per_hour")),
+    return (plan_machine(carried, machine, config, cells, seeds, label, target.get("price_per_hour"), target),
             {"target": roofline, "here": here, "terms": terms})
 
 

@@ -125,7 +125,7 @@ def test_a_fleet_cell_is_the_same_with_runs_stopped_on_their_misses():
     workload = {**SPEC, "num_requests": 120, "rate": 6.0}
     slo = {"ttft_ms": 300.0, "ttft_percentile": 90, "tpot_ms": 100.0, "capacity_target_rate": 12.0, "attainment_goal": 0.9}
     args = (GROWING, {"memory": {"param_bytes": 0, "kv_bytes_per_token": 200000}}, "continuous", 2, workload, slo,
-            {"chunk_size": 512, "horizon_factor": 20.0}, {"block_size": 16, "budget_gb": 1.0}, [0, 1],
+            {"chunk_size": 512, "horizon_factor": 20.0}, {"block_size": 16, "budget_gb": 1.0, "kv_memory": "paged"}, [0, 1],
             {"rate_min": 0.05, "rate_max": 64.0, "tolerance": 0.05}, {"max_replicas": 8, "routers": sorted(ROUTERS)})
     full_runs, stops = searches.simulate_fleet, []
 

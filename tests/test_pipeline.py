@@ -210,6 +210,8 @@ def test_a_new_cap_and_target_plan_only_their_cells_and_what_aggregates_them(pip
     assert jobs.pop("carry_over") == 1
     for rule in ("collect", "memory", "recommend"):
         assert jobs.pop(rule) == machines + 1, rule
+    # each machine's cap searches start from its grid's verdicts, which the new cap adds to
+    assert jobs.pop("cap_search") == (machines + 1) * len(policies)
     assert {rule: jobs.pop(rule) for rule in ("collect_chunks", "decide", "report", "all")} == dict.fromkeys(
         ("collect_chunks", "decide", "report", "all"), 1)
     assert not {"profile", "fit", "workload", "exercise2"} & set(jobs)

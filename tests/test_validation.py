@@ -337,7 +337,7 @@ def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, caps
     validation = {"rates_fraction": [0.02, 2.0], "trace_seconds": 1, "min_requests": 4, "policy": "continuous",
                   "cap": 2, "max_wall_s": 1.5, "goal_pct": 10}
     sweep = {"chunk_size": 512, "horizon_factor": 20.0}
-    memory = {"budget_gb": 1.0, "block_size": 16, "max_context": 64}
+    memory = {"budget_gb": 1.0, "block_size": 16, "max_context": 64, "kv_memory": "slots"}
     replayed = json.loads(json.dumps(run_replay(model, LINE, meta, tiny_points(meta["settings"]), workload,
                                                 validation, sweep, memory, seed=0, threads=1)))
     assert [t["skipped"] for t in replayed["traces"]] == [False, True]

@@ -43,6 +43,7 @@ import pandas as pd
 from servingplan import money
 from servingplan.config import HERE, carry_over_check_skipped, costmodel_source
 from servingplan.findings import sweep_seeds, workload_traces
+from servingplan.gpu_check import read_check
 from servingplan.costmodel import DECODE_KEYS, PREFILL_KEYS, CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
@@ -103,6 +104,8 @@ class RunResults:
     coverage: dict | None = None
     # how far the targets' estimates can be trusted, measured in the run (results/check/carry_over_check.json)
     carry_over_check: dict | None = None
+    # the GPU targets' estimates checked on a real GPU (config gpu_check: servingplan/gpu_check)
+    gpu_check: dict | None = None
     # the two engines compared, when llama.cpp ran too (results/llamacpp/engines.json)
     engines: dict | None = None
 
@@ -144,6 +147,7 @@ def load_results(inputs: Mapping) -> RunResults:
         serving_memory=read_json(inputs["serving_memory"]) if inputs.get("serving_memory") else None,
         coverage=read_json(inputs["coverage"]) if inputs.get("coverage") else None,
         carry_over_check=read_json(inputs["carry_over_check"]) if inputs.get("carry_over_check") else None,
+        gpu_check=read_check(inputs["gpu_check"]) if inputs.get("gpu_check") else None,
         engines=read_json(inputs["engines"]) if inputs.get("engines") else None,
     )
 
@@ -489,7 +493,23 @@ def hardware_section(run: RunResults, config: dict) -> dict | None:
     here = clean(run.recommendation)
     return {"targets": rows, "here": targets[0]["here"], "here_chosen": here["chosen"],
             "here_n_pass": len(here["passed"]), "here_verdict": {row["target"]: row for row in here["verdict"]},
-            "accuracy": clean(run.carry_over_check), "accuracy_skipped": carry_over_check_skipped(config)}
+            "accuracy": clean(run.carry_over_check), "accuracy_skipped": carry_over_check_skipped(config),
+            **gpu_check_quote(run, rows)}
+
+
+def gpu_check_quote(run: RunResults, targets: list[dict]) -> dict:
+    """What the section on other machines says of the GPU check (config gpu_check): the check's summary
+    (its errors, computed by the check) with its entry's display name and whether it carried this machine's
+    fit, and how many targets are GPUs and how many of them pay the host time the check measured."""
+    gpu = [target for target in targets if target["carry_over"]["target_kind"] == "gpu"]
+    quote = None
+    if run.gpu_check is not None:
+        summary = clean(run.gpu_check["summary"])
+        here = run.machine.get("machine", {}).get("fingerprint")
+        quote = {**summary, "entry_display": names.brief(names.machine(summary["entry"])),
+                 "same_machine": summary["carried_from"]["machine_fingerprint"] == here}
+    return {"gpu_check": quote, "gpu_targets": len(gpu),
+            "gpu_targets_measured_overhead": sum(t["carry_over"]["launch_overhead_source"] == "measured" for t in gpu)}
 
 
 def _term(terms: list[dict], name: str) -> dict:

@@ -295,3 +295,20 @@ def resident_at(serving_memory: dict, policy: str, cap: int) -> dict:
     if line is None:
         raise KeyError(f"serving memory: {policy} at cap {cap} was neither measured nor modelled")
     return {"bytes": float(line["intercept_bytes"] + line["slope_bytes_per_cap"] * int(cap)), "basis": "model"}
+
+
+def runtime_bytes(serving_memory: dict, weight_bytes: float) -> float:
+    """The serving runtime beside the weights and the KV: each policy's fitted line at cap 0 (its
+    intercept: the process with no sequence), less the weights; the largest over the policies, so a
+    paged pool sized beside it fits whichever policy serves."""
+    lines = ((serving_memory.get("model") or {}).get("policies") or {}).values()
+    if not lines:
+        raise KeyError("serving memory: no policy's line was fitted, so the runtime is unknown")
+    return max(0.0, max(float(line["intercept_bytes"]) for line in lines) - float(weight_bytes))
+
+
+def measured_runtime(path, machine: dict) -> float | None:
+    """runtime_bytes of the serving_memory.json at `path` (a job's optional input), None without one."""
+    if not path:
+        return None
+    return runtime_bytes(json.loads(Path(path).read_text()), machine["memory"]["param_bytes"])
