@@ -495,13 +495,39 @@ def config_file_probes(tmp: Path):
     return files
 
 
+def config_probes_since_34(tmp: Path):
+    """Keys added since issue 34: how this machine's and each target's engine holds KV (memory.kv_memory,
+    hardware[].kv_memory), and the GPU check a run reads (gpu_check)."""
+    gpu = next(i for i, target in enumerate(BASE["hardware"]) if target.get("kind") == "gpu")
+
+    def at(path, value, base=BASE):
+        return set_path(copy.deepcopy(base), path, value)
+    probes = [(f"memory.kv_memory = {v!r}", at(("memory", "kv_memory"), v), True) for v in ("paged", "slots")]
+    probes += [(f"hardware[{gpu}].kv_memory = {v!r}", at(("hardware", gpu, "kv_memory"), v), True)
+               for v in ("paged", "slots")]
+    bad = ("Paged", "vllm", "", None, 0, True, ["paged"], {}, "p" * 5000)
+    probes += [(f"memory.kv_memory = {v!r:.30}", at(("memory", "kv_memory"), v), False, "memory.kv_memory")
+               for v in bad]
+    probes += [(f"hardware[{gpu}].kv_memory = {v!r:.30}", at(("hardware", gpu, "kv_memory"), v), False,
+                r"hardware\[\d\]\.kv_memory") for v in bad]
+    probes += [("memory.misspelled kv_memroy", at(("memory", "kv_memroy"), "paged"), False, "kv_memroy")]
+    not_json = tmp / "gpu_check_not_json.json"
+    not_json.write_text("{not json")
+    probes += [("gpu_check = null", at(("gpu_check",), None), True)]
+    probes += [(f"gpu_check = {name}", at(("gpu_check",), value), False, "gpu_check")
+               for name, value in (("a missing file", str(tmp / "no_such_check.json")), ("a directory", str(tmp)),
+                                   ("a file that is not JSON", str(not_json)), ("an empty string", ""),
+                                   ("a number", 3), ("a list", [str(not_json)]))]
+    return probes
+
+
 def run_config_probes(tmp: Path):
     outcomes = []
     files = config_file_probes(tmp)
     for (name, _), proc in zip(files.items(), run_all(config_entry, [[str(p)] for p in files.values()],
                                                       [60] * len(files))):
         outcomes.append(("config", f"config file: {name}", classify(proc, False), proc.stderr.strip() if proc else ""))
-    probes = config_probes() + config_probes_19(tmp) + config_probes_since_19(tmp)
+    probes = config_probes() + config_probes_19(tmp) + config_probes_since_19(tmp) + config_probes_since_34(tmp)
     argvs = []
     for i, (_, config, *_) in enumerate(probes):
         path = tmp / f"config_{i}.yaml"

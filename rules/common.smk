@@ -5,6 +5,8 @@ import os
 
 from servingplan.config import (HERE, LLAMACPP, PROFILE_SOURCE, carry_over_check_skipped, check_or_exit,
                                 costmodel_source, engine)
+# a GPU target that sets no launch_overhead_ms pays the host time per call a GPU check measured (config gpu_check)
+from servingplan.gpu_check import with_measured_launch_overhead
 from servingplan.hardware import kv_memory_of, memory_for
 from servingplan.pipeline import canonical, config_keys
 from servingplan.profiling.machine import fingerprint, resolve_threads
@@ -61,6 +63,7 @@ def runtime_input(wildcards):
     if wildcards.machine != HERE or not PROFILED or kv_memory_of(config, HERE)["model"] != "paged":
         return {}
     return {"serving_memory": rules.serving_memory.output[0]}
+
 
 wildcard_constraints:
     policy=policy_wildcard(),

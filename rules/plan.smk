@@ -20,10 +20,6 @@ def machine_label(name):
             "measured": False}
 
 
-# a GPU target that sets no launch_overhead_ms pays the host time per call a GPU check measured (config gpu_check)
-from servingplan.gpu_check import with_measured_launch_overhead
-
-
 rule carry_over:
     """A target machine's step-time model: this machine's carried over by the roofline."""
     input:

@@ -15,7 +15,7 @@ from servingplan import hardware, money
 from servingplan.hardware import HERE
 from servingplan.capacity import speed_band_models
 from servingplan.costmodel import CostModel
-from servingplan.memory import GB, kv_blocks, kv_memory_model, memory_plan, paged_pool_blocks, slot_blocks
+from servingplan.memory import GB, kv_blocks, kv_memory_model, memory_plan, paged_pool_blocks
 from servingplan.metrics import summarize
 from servingplan.searches import capstone_slo, traces
 from servingplan.seeds import over_seeds
@@ -118,7 +118,6 @@ def memory_table(machine: dict, latency: pd.DataFrame, memory_cfg: dict, rate: f
         "peak_rss_profile_bytes": mem["peak_rss_bytes"],
         "runtime_bytes": runtime_bytes,
         "kv_blocks_in_budget": paged_pool_blocks(machine, memory_cfg, runtime_bytes),
-        "slot_blocks": slot_blocks(memory_cfg),
         "largest_cap_in_budget": int(table["largest_cap_in_budget"].iloc[0]) if len(table) else None,
         "max_context": memory_cfg["max_context"],
         "block_size": memory_cfg["block_size"],
@@ -338,7 +337,6 @@ def recommend(latency: pd.DataFrame, capacity_frame: pd.DataFrame, memory: pd.Da
         "kv_memory": kv_memory,
         # each policy's cap search (cap_search), without its probes' rows (they are candidates above)
         "cap_searches": [{k: v for k, v in found.items() if k != "probes"} for found in searches],
-
         "targets": list(TARGETS),
         "chosen": chosen,
         "verdict": _verdict(chosen, slo, cost_cfg),
@@ -570,7 +568,7 @@ def decide(recommendations: list[dict]) -> dict:
         machines.append({**rec["label"], "best": best, "meets_all": bool(best and best["meets_all"]),
                          "misses": best["misses"] if best else list(TARGETS), "kv_memory": rec.get("kv_memory"),
                          "cap_range": cap_range(best, rec["options"], search) if best else None,
-                         "cap_search": search, "cap_searches": list(searches.values())})
+                         "cap_search": search})
     shown = {o["rank"] for o in (first, *(m["best"] for m in machines)) if o}
     for option in ranked:
         if len(shown) >= TABLE_HEAD_ROWS:

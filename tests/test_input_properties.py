@@ -752,13 +752,13 @@ TARGET_SCHEMA = CONFIG_SCHEMA["properties"]["hardware"]["items"]
 
 @st.composite
 def hardware_targets(draw):
-    """0 to 9 targets, each valid but for a kind and launch_overhead_ms drawn from the schema's allowed
-    values and hostile ones, present or absent, in any combination."""
+    """0 to 9 targets, each valid but for a kind, launch_overhead_ms and kv_memory drawn from the schema's
+    allowed values and hostile ones, present or absent, in any combination."""
     targets = []
     for i in range(draw(st.integers(0, 9))):
         target = {"name": f"t{i}", "bandwidth_gbs": draw(st.sampled_from([0.1, 320.0, 100000])),
                   "gflops": draw(st.sampled_from([0.1, 8100.0, 10000000]))}
-        for key in ("kind", "launch_overhead_ms"):
+        for key in ("kind", "launch_overhead_ms", "kv_memory"):
             if draw(st.booleans()):
                 target[key] = draw(values_for(TARGET_SCHEMA["properties"][key]))
         targets.append(target)
@@ -769,6 +769,9 @@ def hardware_targets(draw):
 @given(hardware_targets())
 def test_hardware_kind_and_launch_overhead_are_refused_in_one_line_or_carry_over_finite(targets):
     from servingplan import hardware
+    from servingplan.hardware import memory_for, target_kv_memory
+    from servingplan.memory import kv_blocks, memory_plan
+    from test_planner import MACHINE
     with hang_guard():
         if config_refused({**copy.deepcopy(QUICK), "hardware": targets}):
             event("refused")
@@ -784,6 +787,14 @@ def test_hardware_kind_and_launch_overhead_are_refused_in_one_line_or_carry_over
             for row in rows:
                 assert math.isfinite(row["seconds_target"]) and row["seconds_target"] >= row["floor_target_s"] >= 0
             assert model.decode_fixed_s >= overhead and model.prefill_fixed_s >= overhead
+            # the KV model its cells simulate by is the one its memory verdict judges by, and both are finite
+            memory_cfg = memory_for({**QUICK, "hardware": targets}, target["name"])
+            for cap in (1, 8):
+                blocks = kv_blocks(MACHINE, memory_cfg, cap)
+                plan = memory_plan(cap, MACHINE["memory"]["param_bytes"],
+                                   MACHINE["memory"]["kv_bytes_per_token"], memory_cfg, 0, blocks)
+                assert plan["kv_memory"] == target_kv_memory(target)["model"] and blocks >= 0
+                assert math.isfinite(plan["judged_bytes"]) and plan["pool_blocks"] == blocks
 
 
 # -- what --save-result and --append-result find at the output path -----------------------------------------
