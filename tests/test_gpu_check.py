@@ -348,7 +348,11 @@ def test_the_tiny_checks_figures_are_the_models_it_wrote_and_carried(tiny_check)
     for row in doc["carried"]["terms"]:
         assert row["measured_s"] == getattr(measured, row["term"]) and row["carried_s"] == getattr(carried, row["term"])
         assert row["error"] == pytest.approx(row["carried_s"] / row["measured_s"] - 1, rel=1e-12)
-    assert [row["batch"] for row in doc["carried"]["decode_batches"]] == [b for b, _ in measured.decode_batch_fixed_s]
+    # the rows are the fit's corrected batches, or every profiled batch where the fit kept no correction (on a
+    # noisy machine either can happen for the tiny model)
+    profiled = CONFIG["profile"]["decode_batches"]
+    assert [row["batch"] for row in doc["carried"]["decode_batches"]] == (
+        [b for b, _ in measured.decode_batch_fixed_s] or profiled)
     for row in doc["carried"]["capstone"]:
         if row["capacity_error"] is not None:
             assert row["capacity_error"] == pytest.approx(row["carried"]["capacity_rps"] / row["measured"]["capacity_rps"] - 1)
