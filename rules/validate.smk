@@ -4,7 +4,7 @@
 #   functions, the scheduler it drives and the cost model (its load reference), never on the simulator.
 # - validate sets the replay against the simulator: editing servingplan/sim/ reruns only this job.
 # With an imported cost model (costmodel.source a file) nothing asks for either: that model is not this machine.
-# - serving_memory serves each policy's worst case at a few caps, a forked process per probe, reads their
+# - serving_memory serves each policy's worst case at a few caps, forked processes side by side, reads their
 #   peak resident memory and fits each policy's line against the cap, for the planner's memory verdict.
 localrules: validate_replay, serving_memory
 
@@ -89,9 +89,9 @@ rule validate:
         "../scripts/validate.py"
 
 
-# One job: it loads the model once and forks a process per probe (a process's resident high-water mark
-# never falls, servingplan/serving/memory_probe.py), each policy at the caps its line is fitted to and the
-# one that checks it, about 30 s for GPT-2 small. A resident-memory reading is not a timing, so the job need
+# One job: it loads the model once and forks a process per distinct probe (a process's resident high-water
+# mark never falls, servingplan/serving/memory_probe.py), each policy at the caps its line is fitted to and
+# the one that checks it, as many at once as its threads, about 20 s for GPT-2 small. A resident-memory reading is not a timing, so the job need
 # not have the machine alone: it runs beside the simulations, after the measurements (whose priority comes
 # first, common.smk; the machine file it reads comes from the profile), and stays local, since a cluster
 # node is not this machine. It serves with the engine's threads and claims as many cores; its priority

@@ -9,7 +9,8 @@ from servingplan.sim.policies import chunk_budget
 
 def main(sm):
     p = sm.params
-    # the engine's process settings: its malloc setting (before the model is loaded) and its threads
+    # the engine's process settings: its malloc setting (before the model is loaded) and its threads;
+    # the probes themselves run at one thread each, as many at once as the job's threads
     configure_allocator()
     configure_threads(p.threads or None)
     tiny = p.model.get("tiny", False)
@@ -17,7 +18,8 @@ def main(sm):
                           p.model.get("device", "cpu"))
     machine = read_json(sm.input.machine) if "machine" in sm.input.keys() else None
     write_json(sm.output[0], measure(model, p.sweep["policies"], p.sweep["caps"], p.memory["max_context"],
-                                     p.sweep["chunk_size"], chunk_budget(p.sweep), p.memory["block_size"], machine))
+                                     p.sweep["chunk_size"], chunk_budget(p.sweep), p.memory["block_size"], machine,
+                                     workers=sm.threads))
 
 
 run_stage(snakemake, main)

@@ -18,6 +18,26 @@ def test_the_default_grid_thins_to_powers_of_two_and_keeps_the_references():
     assert check["decode_batches"] == [1, 2, 4, 8, 16, 32]
     assert check["decode_contexts"] == [64, 256, 768]
     assert (check["threads"], check["rounds"], check["repeats"]) == (1, 2, 3)
+    # no batched prefill (no carried term reads it); cached prefill at the shortest chunk, every depth
+    assert check["prefill_batches"] == []
+    assert check["cached_prefill"] == [[128, 256], [128, 512]]
+
+
+def test_the_checks_grid_still_has_a_point_for_every_carried_term():
+    """The check fits the same terms as the profile: prompts of several lengths uncached (fixed, per
+    token, per token squared), a chunk after at least two cached depths (per token x cached context), and
+    decode at several batches and contexts (fixed, per sequence, per cached token)."""
+    from servingplan.profiling.measure import build_grid
+    profile = {"threads": 0, "rounds": 4, "reference_decode": [4, 256], "reference_prefill": 256,
+               "prefill_lengths": [16, 64, 256, 512], "prefill_batches": [1, 2, 4],
+               "decode_batches": [1, 4, 32], "decode_contexts": [64, 768], "repeats": 3,
+               "cached_prefill": [[64, 128], [32, 512], [32, 128], [64, 512]]}
+    points = build_grid(grid.check_profile(profile))
+    kinds = {kind: [p for p in points if p.kind == kind] for kind in ("prefill", "prefill_batch", "prefill_cached", "decode")}
+    assert len({p.prompt_len for p in kinds["prefill"]}) >= 3
+    assert not kinds["prefill_batch"]
+    assert [(p.prompt_len, p.cached) for p in kinds["prefill_cached"]] == [(32, 512), (32, 128)]
+    assert len({p.batch for p in kinds["decode"]}) >= 2 and len({p.cached for p in kinds["decode"]}) >= 2
 
 
 @given(values=st.lists(st.integers(1, 1024), min_size=1, max_size=40, unique=True), at_most=st.integers(2, 8),

@@ -1,6 +1,7 @@
 """The serving memory probe: the policy's own prefill calls, the worst case of a cap, a forked probe
 reading what a fresh process reads, the line fitted to the caps measured and its check, the contract file."""
 import json
+import os
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import psutil
 import pytest
 
 from servingplan.profiling.model import load_model
+from servingplan.serving import memory_probe
 from servingplan.serving.memory_probe import (fit_caps, fit_line, largest_calls, mapped_file_pages, measure,
                                               peak_rss_bytes, prefill_calls, probe_forked, resident_at,
                                               serve_worst_case, serving_memory_file)
@@ -109,6 +111,7 @@ def test_resident_memory_is_the_measurement_where_there_is_one_else_the_line():
 # of it, with the parent's file pages mapped first (forked) or not (unmapped); prints its peak
 SERVE = """import json, sys
 from servingplan.profiling.model import load_model
+from servingplan.serving import memory_probe
 from servingplan.serving.memory_probe import mapped_file_pages, probe_forked, serve_worst_case
 model = load_model("random", 0, {tiny!r})[0]
 case = (model, "continuous", 4, 768, 32, "prompt_tokens", 16)
@@ -159,7 +162,8 @@ def test_the_measured_file_is_the_contract(model):
     assert [(r["policy"], r["cap"], r["use"]) for r in out["rows"]] == [
         (policy, cap, "check" if cap == 2 else "fit") for policy in ("continuous_chunked", "static") for cap in (1, 2, 4, 8)]
     for r in out["rows"]:
-        assert set(r) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens", "use"}
+        assert set(r) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens", "use", "probe_policy"}
+        assert r["probe_policy"] == r["policy"]     # static and chunked prefill issue different calls
         assert r["sequences"] == r["cap"] and r["context_tokens"] == 128 and r["peak_rss_bytes"] > 0
     assert out["model"]["caps"] == [1, 4, 8] and set(out["model"]["policies"]) == {"static", "continuous_chunked"}
     # the tiny model's KV (2 layers x 2 x 127 entries x 64 floats = 130 kB per sequence) is within the noise:
@@ -167,3 +171,44 @@ def test_the_measured_file_is_the_contract(model):
     assert out["check"]["cap"] == 2 and len(out["check"]["rows"]) == 2
     assert out["check"]["max_abs_error_pct"] < 5.0
     assert out["profiler_peak_rss_bytes"] == 4680000000
+
+
+def test_policies_issuing_the_same_calls_share_one_probe_and_every_row_names_it(model, monkeypatch):
+    """static and continuous prefill one whole prompt at every cap: the same pool, calls and decode step,
+    so one probe serves both; chunked prefill's calls differ and it gets its own."""
+    served = []
+    real_start = memory_probe.start_probe
+
+    def counting_start(model, policy, cap, *rest):
+        served.append((policy, cap))
+        return real_start(model, policy, cap, *rest)
+    monkeypatch.setattr(memory_probe, "start_probe", counting_start)
+    out = memory_probe.measure(model, ["static", "continuous", "continuous_chunked"], [1, 8], 768, 32,
+                               "prompt_tokens", 16, None, workers=2)
+    assert served == [("static", 1), ("static", 8), ("continuous_chunked", 1), ("continuous_chunked", 8)]
+    rows = {(r["policy"], r["cap"]): r for r in out["rows"]}
+    assert len(rows) == 6
+    for cap in (1, 8):
+        assert rows[("continuous", cap)]["probe_policy"] == "static"
+        assert rows[("continuous", cap)]["peak_rss_bytes"] == rows[("static", cap)]["peak_rss_bytes"]
+        assert rows[("continuous_chunked", cap)]["probe_policy"] == "continuous_chunked"
+
+
+def test_probes_side_by_side_read_what_one_at_a_time_reads(model):
+    """Each child's reading is its own high-water mark: running two at once changes no reading beyond
+    the noise of reading the same case twice."""
+    cases = [("continuous", 1), ("continuous", 8), ("continuous_chunked", 4)]
+    pages = memory_probe.mapped_file_pages()
+    alone = memory_probe.probe_all(model, cases, 768, 32, "prompt_tokens", 16, pages, workers=1)
+    paired = memory_probe.probe_all(model, cases, 768, 32, "prompt_tokens", 16, pages, workers=2)
+    assert [(r["policy"], r["cap"]) for r in paired] == cases
+    for one, two in zip(alone, paired):
+        assert two["peak_rss_bytes"] == pytest.approx(one["peak_rss_bytes"], rel=0.03)
+
+
+def test_a_failing_probe_among_several_raises_after_every_child_is_waited_for(model):
+    cases = [("continuous", 1), ("continuous", 2), ("continuous", 3)]
+    with pytest.raises(RuntimeError, match="continuous cap 1: ValueError: memory.max_context=2"):
+        memory_probe.probe_all(model, cases, 2, 32, "prompt_tokens", 16, [], workers=2)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)      # no child of this process is left behind

@@ -54,8 +54,11 @@ def test_serving_memory_measures_each_policy_at_the_fitted_and_checked_caps_and_
     machine = json.loads((pipeline / "results/profile").glob("*/machine.json").__next__().read_text())
     assert memory["profiler_peak_rss_bytes"] == machine["memory"]["peak_rss_bytes"]
     for row in memory["rows"]:
-        assert set(row) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens", "use"}
+        assert set(row) == {"policy", "cap", "peak_rss_bytes", "sequences", "context_tokens", "use", "probe_policy"}
         assert row["sequences"] == row["cap"] and row["peak_rss_bytes"] > 0
+        # a shared probe is another swept policy's at the same cap, with that row's very reading
+        probe = next(r for r in memory["rows"] if (r["policy"], r["cap"]) == (row["probe_policy"], row["cap"]))
+        assert probe["probe_policy"] == probe["policy"] and probe["peak_rss_bytes"] == row["peak_rss_bytes"]
         assert row["use"] == ("fit" if row["cap"] in fitted else "check")
         # every (policy, cap) the decision reads: measured where it was, else the policy's line
         for cap in config["sweep"]["caps"]:

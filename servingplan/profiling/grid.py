@@ -6,8 +6,13 @@ in four rounds would add about nine minutes to a run whose measurements must run
 profiles a spread of the profile's own shapes (thinned), every endpoint and the speed references kept (the peak
 probes' shapes depend on the largest decode batch and prompt, and a thinned grid must keep them), in
 CHECK_ROUNDS rounds; points whose rounds disagree still get extra rounds (measure.remeasure_until_settled).
-The fit then has the same terms to find, at the same ends of every axis. Imports nothing heavy: the
-Snakefile calls it while parsing.
+The fit then has the same terms to find, at the same ends of every axis. Two kinds of point the check
+leaves out, since no carried term reads them: batched prefill (informative only: the engine prefills one
+sequence per call, and the fit fits no term to it), and of the cached-prefill points all but those of the
+shortest chunk, whose cached depths still span the profile's (the cached-context term is the only one
+they add to the uncached prompts, and one chunk length at every depth identifies it). At 1 thread those
+points were about a third of the check's calls by time. Imports nothing heavy: the Snakefile calls it
+while parsing.
 """
 from __future__ import annotations
 
@@ -18,6 +23,9 @@ CHECK_PREFILL_LENGTHS = 6
 CHECK_DECODE_BATCHES = 6
 CHECK_DECODE_CONTEXTS = 3
 CHECK_ROUNDS = 2
+# (chunk tokens, tokens of the same prompt already cached) of the profile's cached-prefill points, unless
+# its config names them (profile.cached_prefill): enough spread in chunk x cached to fit the cached-context term
+CACHED_PREFILL_POINTS = ((128, 256), (256, 256), (128, 512), (256, 512))
 
 
 def thinned(values: list, at_most: int, keep=()) -> list:
@@ -34,11 +42,18 @@ def thinned(values: list, at_most: int, keep=()) -> list:
     return sorted(chosen | (set(keep) & set(ordered)))
 
 
+def shortest_chunk_points(points) -> list[list[int]]:
+    """The (chunk, cached) points of the shortest chunk length among `points`, at every cached depth."""
+    shortest = min(int(chunk) for chunk, _ in points)
+    return [[int(chunk), int(cached)] for chunk, cached in points if int(chunk) == shortest]
+
+
 def check_profile(profile: dict) -> dict:
     """The 1-thread check's profile settings: `profile` at 1 thread, over its grid thinned (see the module
     docstring), in at most CHECK_ROUNDS rounds."""
     batch, context = profile["reference_decode"]
-    return {**profile, "threads": 1, "rounds": min(int(profile["rounds"]), CHECK_ROUNDS),
+    return {**profile, "threads": 1, "rounds": min(int(profile["rounds"]), CHECK_ROUNDS), "prefill_batches": [],
+            "cached_prefill": shortest_chunk_points(profile.get("cached_prefill", CACHED_PREFILL_POINTS)),
             "prefill_lengths": thinned(profile["prefill_lengths"], CHECK_PREFILL_LENGTHS, [profile["reference_prefill"]]),
             "decode_batches": thinned(profile["decode_batches"], CHECK_DECODE_BATCHES, [batch]),
             "decode_contexts": thinned(profile["decode_contexts"], CHECK_DECODE_CONTEXTS, [context])}

@@ -90,12 +90,11 @@ from servingplan.device import model_device, wait_for
 from servingplan.io import write_csv, write_json
 from servingplan.pipeline import terminal
 from servingplan.profiling import machine
+from servingplan.profiling.grid import CACHED_PREFILL_POINTS
 from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, RANDOM_SOURCE, load_model
 from servingplan.serving.kvpool import KVPool, configure_allocator, decode_step, prefill_call, prefill_step
 
 BATCHED_PREFILL_LEN = 128
-# (chunk tokens, tokens of the same prompt already cached): enough spread in L*cached to fit p3.
-CACHED_PREFILL_POINTS = ((128, 256), (256, 256), (128, 512), (256, 512))
 KV_PROBE_TOKENS = 16
 FLOAT32_BYTES = 4
 # A speed trace that moved more than this (max - min over median, either reference) is flagged.

@@ -35,6 +35,12 @@ plus per sequence its KV slot and its share of a step's activations. Each policy
 its own measured caps (fit_caps: the smallest, a middle and the largest swept cap; chunked prefill
 holds smaller prefill activations than a whole prompt's) and checked at one more cap (the check,
 predicted against measured). resident_at gives any (policy, cap): measured where it was, else the line.
+
+Two policies whose schedulers issue the same largest prefill calls at a cap (static and continuous:
+one whole prompt each) run the very same probe: the same pool, the same calls, the same decode step.
+It runs once, and both rows carry its reading, each naming the policy whose probe ran (`probe_policy`).
+Children run side by side, as many as the job's threads (each at one thread): a reading is the
+child's own high-water mark, which a sibling's memory does not raise.
 """
 from __future__ import annotations
 
@@ -111,6 +117,24 @@ def largest_calls(calls: list) -> list:
     return [call for call in unique if not any(covered(call, other) for other in unique)]
 
 
+def worst_case_context(model_config, max_context: int) -> tuple[int, int]:
+    """(context, prompt) tokens of a probe sequence: the configured max context, at most the model's
+    n_positions, and its prompt beside PROBE_OUTPUT_TOKENS reply tokens."""
+    context = min(int(max_context), int(model_config.n_positions))
+    prompt = context - PROBE_OUTPUT_TOKENS
+    if prompt < 1:
+        raise ValueError(f"memory.max_context={max_context}: leaves no prompt token beside "
+                         f"{PROBE_OUTPUT_TOKENS} reply tokens")
+    return context, prompt
+
+
+def worst_case_calls(model_config, policy: str, cap: int, max_context: int, chunk_size: int, chunk_budget: str,
+                     block_size: int) -> list:
+    """The prefill calls the worst case of (policy, cap) runs: the largest of those its Scheduler issues."""
+    _, prompt = worst_case_context(model_config, max_context)
+    return largest_calls(prefill_calls(policy, cap, prompt, chunk_size, chunk_budget, block_size))
+
+
 def serve_worst_case(model, policy: str, cap: int, max_context: int, chunk_size: int, chunk_budget: str,
                      block_size: int) -> dict:
     """Run the worst case of (policy, cap) and return the contract row of serving_memory.json:
@@ -123,11 +147,7 @@ def serve_worst_case(model, policy: str, cap: int, max_context: int, chunk_size:
     from servingplan.serving.kvpool import KVPool, decode_step, prefill_step
     with torch.inference_mode():
         config = model.config
-        context = min(int(max_context), int(config.n_positions))
-        prompt = context - PROBE_OUTPUT_TOKENS
-        if prompt < 1:
-            raise ValueError(f"memory.max_context={max_context}: leaves no prompt token beside "
-                             f"{PROBE_OUTPUT_TOKENS} reply tokens")
+        context, prompt = worst_case_context(config, max_context)
         device = model_device(model)
         gc.collect()
         reset_peak()
@@ -135,7 +155,7 @@ def serve_worst_case(model, policy: str, cap: int, max_context: int, chunk_size:
         pool = KVPool(config, cap, context - 1, device)
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(config.vocab_size, (1, prompt), generator=generator)
-        for tokens, cached in largest_calls(prefill_calls(policy, cap, prompt, chunk_size, chunk_budget, block_size)):
+        for tokens, cached in worst_case_calls(config, policy, cap, max_context, chunk_size, chunk_budget, block_size):
             prefill_step(model, pool, 0, ids[:, cached:cached + tokens].to(device), cached)
         # every slot's pages written (the calls skipped would have written slot 0's first entries)
         for tensor in (pool.keys, pool.values):
@@ -196,12 +216,12 @@ def map_pages(runs: list[tuple[int, int]]) -> None:
                 ctypes.string_at(address, 1)
 
 
-def probe_forked(model, policy: str, cap: int, max_context: int, chunk_size: int, chunk_budget: str,
-                 block_size: int, parent_pages: list[tuple[int, int]]) -> dict:
-    """serve_worst_case in a child of this process, which first maps `parent_pages` (this process's
-    mapped_file_pages, read once before the first fork) so that it holds what this process holds, then
-    serves, hands its row back through a pipe and exits; this process serves nothing, so every child
-    starts from the same memory."""
+def start_probe(model, policy: str, cap: int, max_context: int, chunk_size: int, chunk_budget: str,
+                block_size: int, parent_pages: list[tuple[int, int]]) -> tuple[int, int]:
+    """Fork a child of this process that first maps `parent_pages` (this process's mapped_file_pages,
+    read once before the first fork) so that it holds what this process holds, then serves the worst
+    case of (policy, cap), writes its row to a pipe and exits. Returns (pid, the pipe's read end) for
+    finish_probe; this process serves nothing, so every child starts from the same memory."""
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -225,6 +245,13 @@ def probe_forked(model, policy: str, cap: int, max_context: int, chunk_size: int
             pipe.write(json.dumps(reply))
         os._exit(status)
     os.close(write_end)
+    return pid, read_end
+
+
+def finish_probe(started: tuple[int, int], policy: str, cap: int) -> dict:
+    """The row a child of start_probe hands back, once it has exited; RuntimeError with the child's
+    error, or its wait status, when it gave none."""
+    pid, read_end = started
     with os.fdopen(read_end) as pipe:
         text = pipe.read()
     _, wait_status = os.waitpid(pid, 0)
@@ -232,6 +259,42 @@ def probe_forked(model, policy: str, cap: int, max_context: int, chunk_size: int
     if "error" in reply or wait_status != 0:
         raise RuntimeError(f"serving memory probe {policy} cap {cap}: {reply.get('error', f'wait status {wait_status}')}")
     return reply
+
+
+def probe_forked(model, policy: str, cap: int, max_context: int, chunk_size: int, chunk_budget: str,
+                 block_size: int, parent_pages: list[tuple[int, int]]) -> dict:
+    """serve_worst_case in a child of this process (start_probe), its row once it has exited."""
+    started = start_probe(model, policy, cap, max_context, chunk_size, chunk_budget, block_size, parent_pages)
+    return finish_probe(started, policy, cap)
+
+
+def probe_all(model, cases: list[tuple[str, int]], max_context: int, chunk_size: int, chunk_budget: str,
+              block_size: int, parent_pages: list[tuple[int, int]], workers: int) -> list[dict]:
+    """The row of each (policy, cap) of `cases`, in order, from forked children (start_probe), at most
+    `workers` of them serving at once. A failing probe starts no further child, and its error is raised
+    once every child started has been waited for."""
+    rows: list = [None] * len(cases)
+    running: list = []
+    errors: list = []
+
+    def finish_oldest():
+        index, started = running.pop(0)
+        try:
+            rows[index] = finish_probe(started, *cases[index])
+        except RuntimeError as error:
+            errors.append(error)
+    for index, (policy, cap) in enumerate(cases):
+        if len(running) >= max(1, int(workers)):
+            finish_oldest()
+        if errors:
+            break
+        running.append((index, start_probe(model, policy, cap, max_context, chunk_size, chunk_budget, block_size,
+                                           parent_pages)))
+    while running:
+        finish_oldest()
+    if errors:
+        raise errors[0]
+    return rows
 
 
 def fit_line(points: list[tuple[int, float]]) -> dict:
@@ -267,18 +330,30 @@ def serving_memory_file(rows: list[dict], fitted: list[int], check: int | None, 
             "model": {"form": "intercept + slope x cap, per policy", "caps": list(fitted), "policies": lines},
             "check": {"cap": check, "rows": checked,
                       "max_abs_error_pct": max(abs(c["error_pct"]) for c in checked)} if checked else None,
-            "method": "one process loads the model; a forked child serves each probe and reads its own peak",
+            "method": "one process loads the model; a forked child serves each distinct probe and reads its own peak",
             "profiler_peak_rss_bytes": int(profiler) if profiler is not None else None}
 
 
 def measure(model, policies, caps, max_context: int, chunk_size: int, chunk_budget: str, block_size: int,
-            machine: dict | None) -> dict:
-    """serving_memory.json for `policies` over the swept `caps`: every policy probed at the fitted caps
-    and the check cap (fit_caps), each probe in a child of this process (probe_forked)."""
+            machine: dict | None, workers: int = 1) -> dict:
+    """serving_memory.json for `policies` over the swept `caps`: every policy at the fitted caps and the
+    check cap (fit_caps). A probe runs once for every distinct (cap, worst-case prefill calls): a policy
+    whose calls at a cap are another's takes that probe's reading (probe_policy). Each probe is a child
+    of this process (probe_all), `workers` at once."""
     fitted, check = fit_caps(caps)
-    parent_pages = mapped_file_pages()
-    rows = [probe_forked(model, policy, cap, max_context, chunk_size, chunk_budget, block_size, parent_pages)
-            for policy in policies for cap in [*fitted, *([check] if check is not None else [])]]
+    probe_caps = [*fitted, *([check] if check is not None else [])]
+    probes: dict = {}   # (cap, calls) -> the (policy, cap) whose probe serves it
+    served_by = {}
+    for policy in policies:
+        for cap in probe_caps:
+            key = (cap, tuple(worst_case_calls(model.config, policy, cap, max_context, chunk_size, chunk_budget,
+                                               block_size)))
+            served_by[(policy, cap)] = probes.setdefault(key, (policy, cap))
+    cases = list(dict.fromkeys(served_by.values()))
+    readings = dict(zip(cases, probe_all(model, cases, max_context, chunk_size, chunk_budget, block_size,
+                                         mapped_file_pages(), workers)))
+    rows = [{**readings[served_by[(policy, cap)]], "policy": policy, "probe_policy": served_by[(policy, cap)][0]}
+            for policy, cap in served_by]
     return serving_memory_file(rows, fitted, check, machine)
 
 
