@@ -8,7 +8,7 @@ interval, the profile's duration and what the profiler measured again (machine.j
 
 The headline interval is the prefill speed-up: the factor by which prefill must shrink for the prompts
 alone to meet the TTFT percentile, as fitted and at the slowest and fastest speed the profile measured
-(servingplan.planner.prefill_floor over the config's workload draws, on the cost model and its
+(servingplan.plan.planner.prefill_floor over the config's workload draws, on the cost model and its
 speed-band models, as planner._routes computes it). On this machine no configuration meets the TTFT
 target (its prefill alone is slower), so that is the interval the report's first screen leads with; it
 is also the interval a disturbance widens first, since it reads the speed band straight off the
@@ -38,12 +38,12 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from servingplan.capacity import speed_band_models  # noqa: E402
 from servingplan.config import ConfigError, check
+from servingplan.fit.step_model import fit_profile  # noqa: E402
+from servingplan.plan.planner import prefill_floor, traces  # noqa: E402
+from servingplan.profile.measure import run_profile  # noqa: E402
 from servingplan.seeds import simulation_seeds  # noqa: E402
-from servingplan.planner import prefill_floor, traces  # noqa: E402
-from servingplan.profiling.fit import fit_profile  # noqa: E402
-from servingplan.profiling.measure import run_profile  # noqa: E402
+from servingplan.simulate.capacity import speed_band_models  # noqa: E402
 
 INTERVAL_GOAL = 0.20
 BURN_S = 60.0

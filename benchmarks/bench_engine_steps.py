@@ -6,11 +6,11 @@ process's peak resident memory, for two source trees, measured back to back on t
 A TREE is a checkout of this project, e.g. the commit before a change: `git worktree add /tmp/before
 <commit>`; `--after .` is the working tree. Each tree's own servingplan is imported in a fresh process
 (PYTHONPATH=TREE), so the two run the same shapes through their own step functions
-(servingplan.serving.kvpool) and KV pool, with GPT-2 small's random weights (config defaults), all
+(servingplan.profile.kvpool) and KV pool, with GPT-2 small's random weights (config defaults), all
 cores, and the allocator setting the engine runs under.
 
 - Step times: decode at B = 1, 8 and 32 at contexts 128 and 512 (ragged like the profile's batches:
-  servingplan.profiling.measure.decode_lengths) and prefill of 128 and 512 tokens. Each round runs one
+  servingplan.profile.measure.decode_lengths) and prefill of 128 and 512 tokens. Each round runs one
   process per tree, the order alternating (AB, BA, ...); a process times each shape `--repeats` times
   after a warm-up call and keeps the median. Per shape it prints both trees' medians over rounds, the
   after/before ratio taken round by round (median, min and max), and the run-to-run noise: the spread
@@ -48,9 +48,9 @@ SEED = 0
 # -- the worker: runs inside one tree's servingplan ------------------------------------------------
 def _load():
     import torch
-    from servingplan.profiling.machine import configure_threads
-    from servingplan.profiling.model import load_model
-    from servingplan.serving.kvpool import configure_allocator
+    from servingplan.profile.kvpool import configure_allocator
+    from servingplan.profile.machine import configure_threads
+    from servingplan.profile.model import load_model
     configure_allocator()
     configure_threads(0)
     torch.manual_seed(SEED)
@@ -79,8 +79,8 @@ def machine_reference(repeats: int) -> dict:
 
 def worker_steps(repeats: int) -> dict:
     import torch
-    from servingplan.profiling.measure import decode_lengths
-    from servingplan.serving.kvpool import KVPool, decode_step, prefill_step
+    from servingplan.profile.kvpool import KVPool, decode_step, prefill_step
+    from servingplan.profile.measure import decode_lengths
     model = _load()
     config = model.config
     generator = torch.Generator().manual_seed(SEED)
@@ -111,7 +111,7 @@ def _vm_hwm_bytes() -> int:
 
 def worker_memory(cap: int, context: int) -> dict:
     import torch
-    from servingplan.serving.kvpool import KVPool, decode_step, prefill_step
+    from servingplan.profile.kvpool import KVPool, decode_step, prefill_step
     model = _load()
     config = model.config
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -197,9 +197,9 @@ def main(argv=None) -> int:
         return 0
     for name in ("before", "after"):
         tree = getattr(args, name)
-        if tree is None or not (tree / "servingplan" / "serving" / "kvpool.py").is_file():
+        if tree is None or not (tree / "servingplan" / "profile" / "kvpool.py").is_file():
             print(f"bench_engine_steps: --{name} {tree}: must be a checkout of this project "
-                  "(holding servingplan/serving/kvpool.py)", file=sys.stderr)
+                  "(holding servingplan/profile/kvpool.py)", file=sys.stderr)
             return 2
     if not 2 <= args.rounds <= 50 or not 1 <= args.repeats <= 50 or not 16 <= args.context <= 1024:
         print(f"bench_engine_steps: --rounds {args.rounds} --repeats {args.repeats} --context {args.context}: "

@@ -1,7 +1,7 @@
 """The carry-over's measured accuracy: carry a 2-thread profile's cost model to "this machine at 1
 thread" by the roofline and compare each capacity cell with what a 1-thread profile of the same
 machine gives. Goal: every cell within +-15%. The pipeline measures the same in a run with
-`carry_over_check: true` (rules/check.smk); both use servingplan.carry_check.
+`carry_over_check: true` (rules/check.smk); both use servingplan.check.carry_check.
 
 From two finished result trees (the default config run twice, with profile.threads 2 and 1; the
 lead runs these on a quiet machine):
@@ -33,11 +33,11 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from servingplan import carry_check  # noqa: E402
+from servingplan.check import carry_check  # noqa: E402
 from servingplan.config import ConfigError, check
-from servingplan.seeds import simulation_seeds  # noqa: E402
 from servingplan.costmodel import CostModel, load  # noqa: E402
 from servingplan.io import read_json  # noqa: E402
+from servingplan.seeds import simulation_seeds  # noqa: E402
 
 
 def results_dir(path: Path) -> Path:
@@ -55,8 +55,8 @@ def tree_files(path: Path) -> tuple[dict, CostModel]:
 
 def measure_both(config: dict) -> tuple[tuple[dict, CostModel], tuple[dict, CostModel]]:
     """Profile and fit this machine at 2 threads and at 1, back to back."""
-    from servingplan.profiling.fit import fit_profile
-    from servingplan.profiling.measure import run_profile
+    from servingplan.fit.step_model import fit_profile
+    from servingplan.profile.measure import run_profile
     fitted = []
     for threads in (2, 1):
         profile = run_profile(config["profile"], config["model"], config["seed"], threads=threads)

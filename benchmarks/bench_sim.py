@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from servingplan import costmodel, workload  # noqa: E402
-from servingplan.sim import POLICIES, simulate  # noqa: E402
+from servingplan import costmodel  # noqa: E402
+from servingplan.simulate import workload  # noqa: E402
+from servingplan.simulate import POLICIES, simulate  # noqa: E402
 
 GPT2_SMALL_2_CORES = costmodel.CostModel(
     decode_fixed_s=30e-3, decode_per_seq_s=2e-3, decode_per_ctx_token_s=1e-6,

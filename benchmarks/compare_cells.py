@@ -5,7 +5,7 @@
 
 Each cell is computed from the reference run's cost models (results/fit/costmodel.json for this machine,
 results/machines/<target>/costmodel.json for a target) and machine.json, with the cell functions of
-servingplan.planner and servingplan.searches and the config's sections as the pipeline passes them. OUT gets the cells in the
+servingplan.plan.planner and servingplan.simulate.searches and the config's sections as the pipeline passes them. OUT gets the cells in the
 pipeline's layout (OUT/machines/<machine>/{capacity,fleet}/cells/*.json, sweep/cells/*.csv) and
 OUT/cpu.json: the CPU seconds each (machine, stage) took in this process, imports excluded (a pipeline
 job adds its own start-up to each cell).
@@ -33,11 +33,12 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from servingplan import planner, searches  # noqa: E402
 from servingplan.config import HERE
-from servingplan.seeds import simulation_seeds  # noqa: E402
 from servingplan.costmodel import load  # noqa: E402
 from servingplan.io import read_json, write_csv, write_json  # noqa: E402
+from servingplan.plan import planner  # noqa: E402
+from servingplan.seeds import simulation_seeds  # noqa: E402
+from servingplan.simulate import searches  # noqa: E402
 
 STAGES = ("capacity", "fleet", "sweep")
 

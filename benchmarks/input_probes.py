@@ -151,7 +151,7 @@ def config_entry(argv):
 
 def cli_entry(argv):
     """What `python scripts/serving_sim.py ARGS` runs."""
-    from servingplan.cli import main as cli_main
+    from servingplan.cli.main import main as cli_main
     return cli_main(argv)
 
 
@@ -1138,10 +1138,10 @@ ENGINE_SCRIPT = """
 import json, math, sys
 import numpy as np
 from servingplan.architecture import QUICK_CONFIG_OVERRIDES
-from servingplan.profiling.model import load_model
-from servingplan.serving import Engine
-from servingplan.serving.engine import request_problem
-from servingplan.workload import Trace
+from servingplan.profile.model import load_model
+from servingplan.engine import Engine
+from servingplan.engine.engine import request_problem
+from servingplan.simulate.workload import Trace
 arrivals, prompts, outputs = json.loads(sys.argv[1])
 model = load_model("random", 0, QUICK_CONFIG_OVERRIDES)[0]
 trace = Trace(np.array(arrivals, dtype=float), np.array(prompts, dtype=np.int64), np.array(outputs, dtype=np.int64))
@@ -1220,7 +1220,7 @@ def main() -> int:
     JOBS = max(1, args.jobs)
     os.chdir(ROOT)
     # imported once here, so every forked probe starts warm
-    import servingplan.cli  # noqa: F401
+    import servingplan.cli.main  # noqa: F401
     import servingplan.config  # noqa: F401
     with tempfile.TemporaryDirectory() as tmp:
         outcomes = (run_config_probes(Path(tmp)) + run_cli_probes(Path(tmp), args.heavy) + run_engine_probes()

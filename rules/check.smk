@@ -1,9 +1,9 @@
 # How far the carry-over to another machine can be trusted, measured in this run (config
-# `carry_over_check: true`, servingplan/carry_check.py): this machine profiled again at 1 thread and
+# `carry_over_check: true`, servingplan/check/carry_check.py): this machine profiled again at 1 thread and
 # fitted, then the cost model fitted at the profile's threads carried to it by the same roofline method
 # as every `hardware:` target, and each capacity cell compared with the 1-thread model's. The 1-thread
 # profile measures the machine like the first, so it takes every core and stays local.
-from servingplan.profiling.grid import check_profile
+from servingplan.profile.grid import check_profile
 
 localrules: profile_one_thread
 
@@ -17,13 +17,14 @@ rule profile_one_thread:
     priority: MEASURING_FIRST - 5
     input:
         after=rules.profile.output.machine,
-        code=sources("profiling/*.py", "io.py", "pipeline.py"),
+        code=sources("profile/__init__.py", "profile/grid.py", "profile/machine.py", "profile/measure.py",
+                     "profile/model.py", "fit/step_model.py", "io.py", "pipeline.py"),
     output:
         points=f"{CHECK_DIR}/profile.csv",
         samples=f"{CHECK_DIR}/samples.csv",
         machine=f"{CHECK_DIR}/machine.json",
     params:
-        # the profile's grid thinned, in fewer rounds (servingplan/profiling/grid.py)
+        # the profile's grid thinned, in fewer rounds (servingplan/profile/grid.py)
         profile=canonical(check_profile(config["profile"])),
         model=config["model"],
         seed=config["seed"],
@@ -44,7 +45,7 @@ rule fit_one_thread:
         points=rules.profile_one_thread.output.points,
         samples=rules.profile_one_thread.output.samples,
         machine=rules.profile_one_thread.output.machine,
-        code=sources("profiling/fit.py", "costmodel.py"),
+        code=sources("fit/step_model.py", "costmodel.py"),
     output:
         costmodel=f"{CHECK_DIR}/costmodel.json",
         report=f"{CHECK_DIR}/fit_report.json",
@@ -69,8 +70,8 @@ rule carry_over_check:
         costmodel_one=rules.fit_one_thread.output.costmodel,
         machine_one=rules.profile_one_thread.output.machine,
         trace=TRACE_FILE,
-        code=SIM_SOURCES + sources("carry_check.py", "hardware.py", "roofline.py", "architecture.py", "planner.py",
-                                   "capacity.py", "seeds.py", "workload.py"),
+        code=SIM_SOURCES + sources("check/carry_check.py", "plan/hardware.py", "roofline.py", "architecture.py",
+                                   "plan/planner.py", "simulate/capacity.py", "seeds.py", "simulate/workload.py"),
     output:
         "results/check/carry_over_check.json",
     params:

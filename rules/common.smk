@@ -5,14 +5,14 @@ import os
 
 from servingplan.config import (HERE, LLAMACPP, PROFILE_SOURCE, carry_over_check_skipped, check_or_exit,
                                 costmodel_source, engine)
+from servingplan.plan import names as display_names
 # a GPU target that sets no launch_overhead_ms pays the host time per call a GPU check measured (config gpu_check)
-from servingplan.gpu_check import with_measured_launch_overhead
-from servingplan.hardware import kv_memory_of, memory_for
+from servingplan.plan.gpu_evidence import with_measured_launch_overhead
+from servingplan.plan.hardware import kv_memory_of, memory_for
 from servingplan.pipeline import canonical, config_keys
-from servingplan.profiling.machine import fingerprint, resolve_threads
-from servingplan.report import names as display_names
+from servingplan.profile.machine import fingerprint, resolve_threads
 from servingplan.seeds import simulation_seeds
-from servingplan.sim.policies import wildcard as policy_wildcard
+from servingplan.simulate.policies import wildcard as policy_wildcard
 
 check_or_exit(config)
 # Every rule's params are built from this config: in canonical key order, the same values restated in
@@ -97,9 +97,9 @@ def sources(*patterns):
 # A trace file is an input of every rule that reads it: editing the file reruns them. Its path, like
 # every path the user names, is relative to the directory snakemake runs in.
 TRACE_FILE = [config["workload"]["trace"]["path"]] if config["workload"].get("trace") else []
-# memory.py sizes a cell's KV pool; serving/memory_probe.py reads the runtime a paged pool sits beside
-SIM_SOURCES = sources("sim/*.py", "costmodel.py", "workload.py", "metrics.py", "capacity.py", "searches.py",
-                      "io.py", "pipeline.py", "memory.py", "serving/memory_probe.py")
+# memory.py sizes a cell's KV pool; engine/memory_probe.py reads the runtime a paged pool sits beside
+SIM_SOURCES = sources("simulate/*.py", "costmodel.py", "io.py", "pipeline.py", "memory.py",
+                      "engine/memory_probe.py")
 CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -5,7 +5,7 @@ if PROFILED:
             points=rules.profile.output.points,
             samples=rules.profile.output.samples,
             machine=rules.profile.output.machine,
-            code=sources("profiling/fit.py", "costmodel.py"),
+            code=sources("fit/step_model.py", "costmodel.py"),
         output:
             costmodel=report("results/fit/costmodel.json", caption="../reports/captions/costmodel.rst",
                              category="Cost model"),

@@ -23,7 +23,7 @@ rule llamacpp_gguf:
     priority: LLAMACPP_MEASURING
     input:
         built=LLAMACPP_BUILT,
-        code=sources("llamacpp/gguf_model.py", "llamacpp/build.py", "profiling/model.py", "architecture.py"),
+        code=sources("llamacpp/gguf_model.py", "llamacpp/build.py", "profile/model.py", "architecture.py"),
     output:
         gguf=f"{LLAMACPP_DIR}/model.gguf",
     params:
@@ -43,8 +43,8 @@ rule llamacpp_profile:
     input:
         gguf=rules.llamacpp_gguf.output.gguf,
         built=LLAMACPP_BUILT,
-        code=sources("llamacpp/profile.py", "llamacpp/build.py", "profiling/measure.py", "profiling/machine.py",
-                     "profiling/model.py", "roofline.py", "io.py", "pipeline.py"),
+        code=sources("llamacpp/profile.py", "llamacpp/build.py", "profile/measure.py", "profile/machine.py",
+                     "profile/model.py", "roofline.py", "io.py", "pipeline.py"),
     output:
         points=f"{LLAMACPP_DIR}/profile/profile.csv",
         samples=f"{LLAMACPP_DIR}/profile/samples.csv",
@@ -66,14 +66,14 @@ rule llamacpp_profile:
         "../scripts/llamacpp_profile.py"
 
 
-# the fit rule's own code (scripts/fit.py, servingplan.profiling.fit) on llama.cpp's profile
+# the fit rule's own code (scripts/fit.py, servingplan.fit.step_model) on llama.cpp's profile
 rule llamacpp_fit:
     priority: LLAMACPP_MEASURING
     input:
         points=rules.llamacpp_profile.output.points,
         samples=rules.llamacpp_profile.output.samples,
         machine=rules.llamacpp_profile.output.machine,
-        code=sources("profiling/fit.py", "costmodel.py"),
+        code=sources("fit/step_model.py", "costmodel.py"),
     output:
         costmodel=f"{LLAMACPP_DIR}/fit/costmodel.json",
         report=f"{LLAMACPP_DIR}/fit/fit_report.json",
@@ -136,8 +136,8 @@ rule llamacpp_validate_replay:
         built=LLAMACPP_BUILT,
         trace=TRACE_FILE,
         code=sources("llamacpp/validation.py", "llamacpp/server.py", "llamacpp/client.py", "llamacpp/server_log.py",
-                     "llamacpp/build.py", "llamacpp/profile.py", "validation_replay.py", "workload.py", "costmodel.py",
-                     "io.py", "pipeline.py"),
+                     "llamacpp/build.py", "llamacpp/profile.py", "validate/validation_replay.py",
+                     "simulate/workload.py", "costmodel.py", "io.py", "pipeline.py"),
     output:
         replay=f"{LLAMACPP_DIR}/validation/replay.json",
     params:
@@ -165,7 +165,7 @@ rule llamacpp_validate:
         replay=rules.llamacpp_validate_replay.output.replay,
         costmodel=rules.llamacpp_server_terms.output.costmodel,
         terms=rules.llamacpp_server_terms.output.terms,
-        code=SIM_SOURCES + sources("llamacpp/validation.py", "serving/replay.py", "validation.py"),
+        code=SIM_SOURCES + sources("llamacpp/validation.py", "engine/replay.py", "validate/validation.py"),
     output:
         summary=f"{LLAMACPP_DIR}/validation/comparison.csv",
         steps=f"{LLAMACPP_DIR}/validation/steps.csv",

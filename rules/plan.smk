@@ -25,7 +25,7 @@ rule carry_over:
     input:
         costmodel=COSTMODEL,
         machine=MACHINE_JSON,
-        code=sources("hardware.py", "architecture.py", "costmodel.py"),
+        code=sources("plan/hardware.py", "architecture.py", "costmodel.py"),
     output:
         costmodel=f"{MACHINE_DIR}/costmodel.json",
         terms=f"{MACHINE_DIR}/carry_over.json",
@@ -74,7 +74,7 @@ rule fleet_cell:
 
 rule cap_search:
     """One machine and policy: the largest cap memory allows, and the smallest that meets latency and
-    capacity, found from the grid's verdicts by simulating the caps between (servingplan/cap_search.py)."""
+    capacity, found from the grid's verdicts by simulating the caps between (servingplan/plan/cap_search.py)."""
     input:
         unpack(runtime_input),
         costmodel=costmodel_of,
@@ -82,7 +82,7 @@ rule cap_search:
         trace=TRACE_FILE,
         latency=rules.collect.output.latency,
         capacity=rules.collect.output.capacity,
-        code=SIM_SOURCES + sources("cap_search.py", "planner.py", "seeds.py"),
+        code=SIM_SOURCES + sources("plan/cap_search.py", "plan/planner.py", "seeds.py"),
     output:
         f"{MACHINE_DIR}/search/{{policy}}.json",
     params:
@@ -116,7 +116,7 @@ rule memory:
         machine=MACHINE_JSON,
         latency=rules.collect.output.latency,
         searches=machine_cells("search/{policy}.json", policy=config["sweep"]["policies"]),
-        code=sources("memory.py", "planner.py", "serving/memory_probe.py"),
+        code=sources("memory.py", "plan/planner.py", "engine/memory_probe.py"),
     output:
         table=report(f"{MACHINE_DIR}/memory.csv", caption="../reports/captions/memory.rst", category="Plan"),
         summary=f"{MACHINE_DIR}/memory.json",
@@ -145,7 +145,8 @@ rule recommend:
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
-        code=sources("money.py", "planner.py", "searches.py", "seeds.py", "workload.py", "capacity.py"),
+        code=sources("plan/money.py", "plan/planner.py", "simulate/searches.py", "seeds.py", "simulate/workload.py",
+                     "simulate/capacity.py"),
     output:
         report(f"{MACHINE_DIR}/recommendation.json", caption="../reports/captions/recommendation.rst",
                category="Recommendation"),
@@ -173,7 +174,7 @@ rule decide:
     input:
         recommendations=expand(f"{MACHINE_DIR}/recommendation.json", machine=MACHINES),
         terms=expand(f"{MACHINE_DIR}/carry_over.json", machine=list(HARDWARE)),
-        code=sources("planner.py", "money.py", "hardware.py"),
+        code=sources("plan/planner.py", "plan/money.py", "plan/hardware.py"),
     output:
         decision=report("results/plan/decision.json", caption="../reports/captions/recommendation.rst",
                         category="Recommendation"),
@@ -196,7 +197,7 @@ rule decide:
 
 rule exercise2:
     input:
-        code=SIM_SOURCES + sources("exercise2.py"),
+        code=SIM_SOURCES + sources("plan/exercise2.py"),
     output:
         answers=report("results/exercise2/answers.json", caption="../reports/captions/exercise2.rst",
                        category="Exercise 2"),

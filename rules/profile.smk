@@ -8,7 +8,8 @@ rule profile:
     # the first measurement (MEASURING_FIRST, common.smk): nothing else has run when it starts
     priority: MEASURING_FIRST
     input:
-        sources("profiling/*.py", "io.py", "pipeline.py"),
+        sources("profile/__init__.py", "profile/grid.py", "profile/machine.py", "profile/measure.py",
+                "profile/model.py", "fit/step_model.py", "io.py", "pipeline.py"),
     output:
         points=f"{PROFILE_DIR}/profile.csv",
         samples=f"{PROFILE_DIR}/samples.csv",

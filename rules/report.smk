@@ -23,7 +23,7 @@ if engine(config) == LLAMACPP:
 GPU_CHECK_INPUT = {"gpu_check": config["gpu_check"]} if config.get("gpu_check") else {}
 
 
-# The comparisons the report states about the simulations, decided by the planner (servingplan/findings.py)
+# The comparisons the report states about the simulations, decided by the planner (servingplan/report/findings.py)
 rule findings:
     input:
         latency=f"results/machines/{HERE}/latency.csv",
@@ -31,7 +31,7 @@ rule findings:
         chunks=f"results/machines/{HERE}/chunk_sweep.csv",
         costmodel=COSTMODEL,
         trace=TRACE_FILE,
-        code=sources("findings.py", "seeds.py", "workload.py", "costmodel.py"),
+        code=sources("report/findings.py", "seeds.py", "simulate/workload.py", "costmodel.py"),
     output:
         "results/plan/findings.json",
     params:
@@ -47,12 +47,12 @@ rule findings:
         "../scripts/findings.py"
 
 
-# How many simulated requests lie outside the range the cost model was profiled on (servingplan/coverage.py)
+# How many simulated requests lie outside the range the cost model was profiled on (servingplan/report/coverage.py)
 rule coverage:
     input:
         costmodel=COSTMODEL,
         trace=TRACE_FILE,
-        code=sources("coverage.py", "workload.py", "costmodel.py"),
+        code=sources("report/coverage.py", "simulate/workload.py", "costmodel.py"),
     output:
         "results/plan/coverage.json",
     params:
@@ -94,7 +94,9 @@ rule report:
         workload=rules.workload.output[0],
         trace=TRACE_FILE,
         templates=repository_files("reports/templates/*.j2"),
-        code=sources("report/*.py", "gpu_check/__init__.py"),
+        code=sources("report/__init__.py", "report/blocks.py", "report/figures.py", "report/measurement.py",
+                     "report/outline.py", "report/precision.py", "report/render.py", "report/text.py", "plan/names.py",
+                     "plan/gpu_evidence.py"),
     output:
         html=report("results/report/report.html", caption="../reports/captions/report_html.rst", category="Report"),
         md=report("results/report/report.md", caption="../reports/captions/report_md.rst", category="Report"),

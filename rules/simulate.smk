@@ -23,7 +23,7 @@ rule workload:
     """What the simulations replay, described for the report: a trace file as read and as replayed."""
     input:
         trace=TRACE_FILE,
-        code=sources("workload.py", "io.py", "pipeline.py"),
+        code=sources("simulate/workload.py", "io.py", "pipeline.py"),
     output:
         report("results/workload/workload.json", caption="../reports/captions/workload.rst", category="Workload"),
     params:
@@ -67,7 +67,7 @@ rule chunk_cell:
         costmodel=costmodel_of,
         machine=MACHINE_JSON,
         trace=TRACE_FILE,
-        code=SIM_SOURCES + sources("planner.py"),
+        code=SIM_SOURCES + sources("plan/planner.py"),
     output:
         f"{MACHINE_DIR}/sweep/chunks/cap{{cap}}.csv",
     params:
@@ -113,7 +113,7 @@ rule collect:
     input:
         sweep=machine_cells("sweep/cells/{cell}.csv", cell=CELLS),
         capacity=machine_cells("capacity/cells/{cell}.json", cell=CELLS),
-        code=sources("pipeline.py", "io.py", "planner.py"),
+        code=sources("pipeline.py", "io.py", "plan/planner.py"),
     output:
         latency=report(f"{MACHINE_DIR}/latency.csv", caption="../reports/captions/latency.rst", category="Simulation"),
         capacity=report(f"{MACHINE_DIR}/capacity.csv", caption="../reports/captions/capacity.rst",

@@ -2,19 +2,19 @@
 # - validate_replay serves Poisson traces through the real engine on this machine. Like profiling it
 #   measures the machine, so it takes every core and stays local. It depends on the engine, its step
 #   functions, the scheduler it drives and the cost model (its load reference), never on the simulator.
-# - validate sets the replay against the simulator: editing servingplan/sim/ reruns only this job.
+# - validate sets the replay against the simulator: editing servingplan/simulate/ reruns only this job.
 # With an imported cost model (costmodel.source a file) nothing asks for either: that model is not this machine.
 # - serving_memory serves each policy's worst case at a few caps, forked processes side by side, reads their
 #   peak resident memory and fits each policy's line against the cap, for the planner's memory verdict.
 localrules: validate_replay, serving_memory
 
 # what both the replay and a memory probe import: the engine, its KV pool and scheduler, the model loader
-REPLAY_SOURCES = sources("serving/__init__.py", "serving/engine.py", "serving/kvpool.py", "workload.py",
-                         "sim/scheduler.py", "sim/policies.py", "sim/steps.py", "profiling/__init__.py",
-                         "profiling/model.py", "profiling/machine.py", "architecture.py", "io.py", "pipeline.py",
-                         "config.py", "costmodel.py", "memory.py", "device.py")
-# ... and the simulator's SimResult, the timeline class the engine fills (sim/__init__.py, sim/simulator.py,
-# which imports sim/llamacpp_slots.py for a policy the engine never serves): left out on purpose, so that
+REPLAY_SOURCES = sources("engine/__init__.py", "engine/engine.py", "profile/kvpool.py", "simulate/workload.py",
+                         "simulate/scheduler.py", "simulate/policies.py", "simulate/steps.py",
+                         "profile/__init__.py", "profile/model.py", "profile/machine.py", "architecture.py", "io.py",
+                         "pipeline.py", "config.py", "costmodel.py", "memory.py", "device.py")
+# ... and the simulator's SimResult, the timeline class the engine fills (simulate/__init__.py, simulate/simulator.py,
+# which imports simulate/llamacpp_slots.py for a policy the engine never serves): left out on purpose, so that
 # editing the simulator reruns the comparison only (issue 20, item 3)
 
 # the torch threads the engine serves with (profile.threads; 0 is every core of this machine)
@@ -32,9 +32,9 @@ rule validate_replay:
         machine=rules.profile.output.machine,
         points=rules.profile.output.points,
         trace=TRACE_FILE,
-        # what the replay imports (servingplan.validation_replay), not the comparison's modules
-        code=REPLAY_SOURCES + sources("validation_replay.py", "replay_file.py", "profiling/measure.py",
-                                      "roofline.py"),
+        # what the replay imports (servingplan.validate.validation_replay), not the comparison's modules
+        code=REPLAY_SOURCES + sources("validate/validation_replay.py", "validate/replay_file.py",
+                                      "profile/measure.py", "roofline.py"),
     output:
         replay="results/validation/replay.json",
     params:
@@ -63,7 +63,8 @@ rule validate:
         costmodel=COSTMODEL,
         machine=rules.profile.output.machine,
         trace=TRACE_FILE,
-        code=SIM_SOURCES + sources("serving/replay.py", "validation.py", "replay_file.py", "serving/engine.py"),
+        code=SIM_SOURCES + sources("engine/replay.py", "validate/validation.py", "validate/replay_file.py",
+                                   "engine/engine.py"),
     output:
         summary=report("results/validation/comparison.csv", caption="../reports/captions/validation.rst",
                        category="Validation"),
@@ -90,8 +91,9 @@ rule validate:
 
 
 # One job: it loads the model once and forks a process per distinct probe (a process's resident high-water
-# mark never falls, servingplan/serving/memory_probe.py), each policy at the caps its line is fitted to and
-# the one that checks it, as many at once as its threads, about 20 s for GPT-2 small. A resident-memory reading is not a timing, so the job need
+# mark never falls, servingplan/engine/memory_probe.py), each policy at the caps its line is fitted to and
+# the one that checks it, as many at once as its threads, about 20 s for GPT-2 small. A resident-memory
+# reading is not a timing, so the job need
 # not have the machine alone: it runs beside the simulations, after the measurements (whose priority comes
 # first, common.smk; the machine file it reads comes from the profile), and stays local, since a cluster
 # node is not this machine. It serves with the engine's threads and claims as many cores; its priority
@@ -99,7 +101,7 @@ rule validate:
 rule serving_memory:
     input:
         **({"machine": rules.profile.output.machine} if PROFILED else {}),
-        code=REPLAY_SOURCES + sources("serving/memory_probe.py"),
+        code=REPLAY_SOURCES + sources("engine/memory_probe.py"),
     output:
         "results/validation/serving_memory.json",
     params:

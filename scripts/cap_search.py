@@ -1,10 +1,10 @@
 import pandas as pd
 
-from servingplan.cap_search import cap_search
 from servingplan.costmodel import read_written
+from servingplan.engine.memory_probe import measured_runtime
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
-from servingplan.serving.memory_probe import measured_runtime
+from servingplan.plan.cap_search import cap_search
 
 
 def main(sm):

@@ -1,8 +1,8 @@
 from servingplan import architecture
 from servingplan.costmodel import read_written
-from servingplan.hardware import carry_over, here_roofline
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
+from servingplan.plan.hardware import carry_over, here_roofline
 
 
 def main(sm):

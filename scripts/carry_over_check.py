@@ -1,4 +1,4 @@
-from servingplan.carry_check import check
+from servingplan.check.carry_check import check
 from servingplan.costmodel import read_written
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage

@@ -2,7 +2,7 @@ import pandas as pd
 
 from servingplan.io import read_json, write_csv
 from servingplan.pipeline import run_stage
-from servingplan.planner import capacity_rows
+from servingplan.plan.planner import capacity_rows
 
 
 def main(sm):

@@ -1,7 +1,7 @@
 from servingplan.costmodel import read_written
-from servingplan.coverage import coverage
 from servingplan.io import write_json
 from servingplan.pipeline import run_stage
+from servingplan.report.coverage import coverage
 
 
 def main(sm):

@@ -1,6 +1,6 @@
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.pipeline import run_stage
-from servingplan.planner import decide, hardware_verdicts, options_table
+from servingplan.plan.planner import decide, hardware_verdicts, options_table
 
 
 def main(sm):

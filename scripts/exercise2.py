@@ -1,6 +1,6 @@
-from servingplan import exercise2
 from servingplan.io import write_csv, write_json
 from servingplan.pipeline import run_stage
+from servingplan.plan import exercise2
 
 
 def main(sm):

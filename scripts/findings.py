@@ -1,9 +1,9 @@
 import pandas as pd
 
 from servingplan.costmodel import read_written
-from servingplan.findings import findings
 from servingplan.io import write_json
 from servingplan.pipeline import run_stage
+from servingplan.report.findings import findings
 
 
 def main(sm):

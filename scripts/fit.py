@@ -1,5 +1,5 @@
+from servingplan.fit.step_model import run_fit
 from servingplan.pipeline import run_stage
-from servingplan.profiling.fit import run_fit
 
 
 def main(sm):

@@ -1,8 +1,8 @@
 from servingplan.costmodel import read_written
+from servingplan.engine.memory_probe import measured_runtime
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
-from servingplan.serving.memory_probe import measured_runtime
-from servingplan.searches import fleet_cell
+from servingplan.simulate.searches import fleet_cell
 
 
 def main(sm):

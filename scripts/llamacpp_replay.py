@@ -4,7 +4,7 @@ simulate the same trace under the `llamacpp` policy, side by side.
     python scripts/llamacpp_replay.py --model model.gguf --rate 0.5 --requests 30 --np 8 \
         --ctx 6144 -b 2048 -ub 512 --threads 2 [--costmodel results/fit/costmodel.json] --out replay.json
 
-The trace is servingplan.workload's (the capstone's prompt and output distributions unless --prompt-* /
+The trace is servingplan.simulate.workload's (the capstone's prompt and output distributions unless --prompt-* /
 --output-* are given), at `--rate` requests/s. Prompts are random token ids (--vocab). The JSON holds the
 settings, one row per request (arrival, sent, token times, error) and the client's summary (TTFT, TPOT,
 ITL, E2E in ms); with --costmodel also the simulator's summary of the same trace. `--server-log` keeps
@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from servingplan import workload  # noqa: E402
-from servingplan.cli import MAX_TOKENS, bounded_int  # noqa: E402
+from servingplan.cli.main import MAX_TOKENS, bounded_int  # noqa: E402
 from servingplan.llamacpp.client import random_prompts, run_trace, summarize  # noqa: E402
 from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer  # noqa: E402
+from servingplan.simulate import workload  # noqa: E402
 
 
 def make_trace(args):
@@ -35,9 +35,9 @@ def make_trace(args):
 
 
 def simulated(trace, args) -> dict:
-    from servingplan import metrics
     from servingplan.costmodel import CostModel
-    from servingplan.sim import simulate
+    from servingplan.simulate import metrics
+    from servingplan.simulate import simulate
     cost = CostModel.from_dict(json.loads(Path(args.costmodel).read_text()))
     result = simulate(trace, cost, "llamacpp", args.np, chunk_size=args.n_batch, record_tokens=True,
                       n_ubatch=args.n_ubatch)

@@ -1,9 +1,9 @@
 import pandas as pd
 
+from servingplan.engine.memory_probe import runtime_bytes
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.pipeline import run_stage
-from servingplan.planner import memory_table, searched_frames, with_searched
-from servingplan.serving.memory_probe import runtime_bytes
+from servingplan.plan.planner import memory_table, searched_frames, with_searched
 
 
 def main(sm):

@@ -1,5 +1,5 @@
 from servingplan.pipeline import run_stage
-from servingplan.profiling.measure import run_profile
+from servingplan.profile.measure import run_profile
 
 
 def main(sm):

@@ -3,7 +3,7 @@ import pandas as pd
 from servingplan.costmodel import read_written
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
-from servingplan.planner import recommend
+from servingplan.plan.planner import recommend
 
 
 def main(sm):

@@ -1,8 +1,8 @@
 from servingplan.costmodel import read_written
+from servingplan.engine.memory_probe import measured_runtime
 from servingplan.io import read_json, write_csv
 from servingplan.pipeline import run_stage
-from servingplan.planner import sweep_cell
-from servingplan.serving.memory_probe import measured_runtime
+from servingplan.plan.planner import sweep_cell
 
 
 def main(sm):

@@ -1,7 +1,7 @@
 from servingplan.costmodel import read_written
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.pipeline import run_stage
-from servingplan.validation import run_comparison
+from servingplan.validate.validation import run_comparison
 
 
 def main(sm):

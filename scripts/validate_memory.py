@@ -1,10 +1,10 @@
+from servingplan.engine.memory_probe import measure
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
-from servingplan.profiling.machine import configure_threads
-from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
-from servingplan.serving.kvpool import configure_allocator
-from servingplan.serving.memory_probe import measure
-from servingplan.sim.policies import chunk_budget
+from servingplan.profile.kvpool import configure_allocator
+from servingplan.profile.machine import configure_threads
+from servingplan.profile.model import QUICK_CONFIG_OVERRIDES, load_model
+from servingplan.simulate.policies import chunk_budget
 
 
 def main(sm):

@@ -3,9 +3,9 @@ import pandas as pd
 from servingplan.costmodel import read_written
 from servingplan.io import read_json, write_json
 from servingplan.pipeline import run_stage
-from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
-from servingplan.serving.kvpool import configure_allocator
-from servingplan.validation_replay import run_replay
+from servingplan.profile.kvpool import configure_allocator
+from servingplan.profile.model import QUICK_CONFIG_OVERRIDES, load_model
+from servingplan.validate.validation_replay import run_replay
 
 
 def main(sm):

@@ -1,6 +1,6 @@
 from servingplan.io import write_json
 from servingplan.pipeline import run_stage
-from servingplan.workload import describe
+from servingplan.simulate.workload import describe
 
 
 def main(sm):

@@ -2,7 +2,7 @@
 
 Imports nothing heavy (no torch, no transformers), so the config check can size the model before the
 pipeline starts any work. tests/test_architecture.py holds these figures against the model that
-servingplan.profiling.model really builds.
+servingplan.profile.model really builds.
 """
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ import psutil
 import yaml
 
 from servingplan import architecture
-from servingplan.hardware import HERE
 from servingplan.memory import GB, largest_cap, reserved_tokens_per_seq
-from servingplan.profiling.machine import resolve_threads
-from servingplan.sim.policies import CHUNK_BUDGETS, POLICIES, chunk_budget, chunks
+from servingplan.plan.hardware import HERE
+from servingplan.profile.machine import resolve_threads
+from servingplan.simulate.policies import CHUNK_BUDGETS, POLICIES, chunk_budget, chunks
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
@@ -352,11 +352,11 @@ def _check_costmodel(section: dict | None) -> None:
 def _check_gpu_check(path: str | None) -> None:
     """config gpu_check (issue 36): the gpu_check.json of a GPU check (python -m servingplan.gpu_check),
     relative to the directory snakemake runs in, or null. A regular file holding the check's contract
-    (servingplan.gpu_check.read_check), made on a GPU with the full model and a CPU model carried over:
+    (servingplan.plan.gpu_evidence.read_check), made on a GPU with the full model and a CPU model carried over:
     the report quotes its errors and the GPU targets take its host time per call."""
     if path is None:
         return
-    from servingplan.gpu_check import read_check   # here: only a config naming a check reads one
+    from servingplan.plan.gpu_evidence import read_check   # here: only a config naming a check reads one
     try:
         read_check(path)
     except ValueError as exc:
@@ -416,7 +416,7 @@ def _check_trace(config: dict) -> list[str]:
         raise ConfigError(f"config error: workload.trace.rate = {trace['rate']}: the pipeline replays the trace at "
                           f"workload.rate ({workload['rate']}) as today's load, so it must equal that or be left out")
     # imported here: numpy and pandas would slow every snakemake start that has no trace
-    from servingplan.workload import load_trace
+    from servingplan.simulate.workload import load_trace
     try:
         loaded = load_trace(**{**trace, "max_context": limit})
     except (OSError, ValueError) as exc:
@@ -444,7 +444,7 @@ def _check_replay_rates(config: dict, requests: int) -> None:
     capacity target, the capacity search's lowest, exercise 2's own) must keep them within the span a
     simulation replays: the stage would refuse a slower one hours into the run, and the workload
     description would quote an infinite replayed span."""
-    from servingplan.workload import check_replay_rate
+    from servingplan.simulate.workload import check_replay_rate
     rates = [("workload.rate", config["workload"]["rate"], requests),
              *((f"sweep.rates[{i}]", rate, requests) for i, rate in enumerate(config["sweep"]["rates"])),
              ("slo.capacity_target_rate", config["slo"]["capacity_target_rate"], requests),

@@ -196,7 +196,7 @@ def _section(d: dict, name: str) -> dict:
 
 def _check_speed_band(band) -> None:
     """meta.speed_band, which the capacity stage reads when present: per kind of call, the factors by
-    which the machine ran faster and slower than typical (servingplan.capacity.speed_band_models),
+    which the machine ran faster and slower than typical (servingplan.simulate.capacity.speed_band_models),
     for both kinds or neither (the capacity stage uses a band only with both)."""
     if band is None:
         return

@@ -22,7 +22,7 @@ MAX_JSON_DEPTH = 32
 # few hundred bytes per request, so a million-request run's file stays far below this.
 MAX_RESULT_BYTES = 1 << 30
 # The keys every vLLM result file holds (vllm/benchmarks/serve.py, benchmark_serving.py before it), and
-# so every line servingplan.vllm_result writes
+# so every line servingplan.cli.vllm_result writes
 RESULT_FILE_KEYS = ("date", "request_rate")
 
 

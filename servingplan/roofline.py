@@ -1,11 +1,11 @@
 """The one roofline work model: the bytes every cost-model term must move and the FLOPs it must do.
 
 The profiler (each grid point's floor), the fit (each coefficient's floor, which it may not beat) and
-the carry-over to other machines (servingplan.hardware) all count work here, so they agree by
+the carry-over to other machines (servingplan.plan.hardware) all count work here, so they agree by
 construction. Imports nothing heavy: shapes only (servingplan.architecture's GPT-2 dictionaries).
 
 What a term's unit is, and what it cannot avoid, for a GPT-2 shaped model in float32 (e = n_embd,
-I = n_inner or 4e, n = n_layer, V = vocab_size), served the way servingplan.serving.kvpool serves it:
+I = n_inner or 4e, n = n_layer, V = vocab_size), served the way servingplan.profile.kvpool serves it:
 
 FLOPs count the matrix products alone, 2 per multiply-add: per token and layer the attention's
 q/k/v product (e x 3e) and output projection (e x e) and the MLP's up (e x I) and down (I x e), 12 e^2
@@ -125,7 +125,7 @@ def term_work(arch: dict) -> dict[str, Work]:
 
 
 def call_units(kind: str, batch: int, prompt_len: int, cached: int) -> dict[str, float]:
-    """How many units of each term one profiled call holds (servingplan.profiling.measure's kinds). A
+    """How many units of each term one profiled call holds (servingplan.profile.measure's kinds). A
     decode batch is padded to its longest sequence, `cached` tokens, as the engine pads it; a batched
     prefill is `batch` prompts of `prompt_len` tokens in one call, so it reads the weights once."""
     if kind == "decode":

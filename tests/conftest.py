@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from servingplan.costmodel import CostModel
-from servingplan.workload import Trace
+from servingplan.simulate.workload import Trace
 
 # The machine is shared and noisy: no per-example deadline, few examples.
 settings.register_profile("servingplan", max_examples=40, deadline=None,
@@ -92,7 +92,7 @@ def quick_profile_files(tmp_path_factory):
     """The quick profile (quick=True: the tiny model and grid over test_profiling's full-size profile
     section) measured once per session, as the files the profile stage writes (points, samples, machine
     description): test_profiling checks the measurement and test_fit fits it."""
-    from servingplan.profiling.measure import run_profile
+    from servingplan.profile.measure import run_profile
     from test_profiling import PROFILE_CFG
 
     out = tmp_path_factory.mktemp("profile")

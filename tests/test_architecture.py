@@ -5,7 +5,7 @@ import pytest
 from transformers import GPT2Config
 
 from servingplan import architecture
-from servingplan.profiling.model import load_model
+from servingplan.profile.model import load_model
 
 
 def test_gpt2_small_is_gpt2configs_defaults():

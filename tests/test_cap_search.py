@@ -7,10 +7,11 @@ import pandas as pd
 import pytest
 
 from test_planner import MACHINE, small_config
-from servingplan import cap_search as search_module
-from servingplan import planner, searches
 from servingplan.costmodel import CostModel
 from servingplan.memory import GB, kv_blocks, largest_cap_in_memory, slot_blocks
+from servingplan.plan import cap_search as search_module
+from servingplan.plan import planner
+from servingplan.simulate import searches
 
 # decode dominated by its fixed cost per step, so throughput grows with the batch: with the small config's
 # workload, caps up to 4 miss the capacity target (9 req/s at the low end) and caps from 5 meet it

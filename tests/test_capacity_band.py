@@ -3,12 +3,12 @@ import dataclasses
 
 import pytest
 
-from servingplan.capacity import (Criterion, capacity, capacity_in_band, capacity_searches, search_rate,
-                                  speed_band_models)
 from servingplan.costmodel import CostModel
-from servingplan.metrics import SLO, summarize
-from servingplan.sim import simulate
-from servingplan.workload import generate
+from servingplan.simulate import simulate
+from servingplan.simulate.capacity import (Criterion, capacity, capacity_in_band, capacity_searches, search_rate,
+                                           speed_band_models)
+from servingplan.simulate.metrics import SLO, summarize
+from servingplan.simulate.workload import generate
 
 MODEL = CostModel(decode_fixed_s=0.02, decode_per_seq_s=1e-3, decode_per_ctx_token_s=1e-6, prefill_fixed_s=0.01,
                   prefill_per_token_s=2e-4, ctx_mode="padded_max",

@@ -1,4 +1,4 @@
-"""The carry-over's accuracy measured in the run (servingplan/carry_check.py): the cost model carried to
+"""The carry-over's accuracy measured in the run (servingplan/check/carry_check.py): the cost model carried to
 this machine at 1 thread, each capacity cell compared with the 1-thread model's, and the summary the
 report quotes."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from servingplan import carry_check
-from servingplan.hardware import HERE, memory_for
+from servingplan.check import carry_check
+from servingplan.plan.hardware import HERE, memory_for
 from servingplan.seeds import simulation_seeds
 from test_planner import FAST, MACHINE, small_config
 

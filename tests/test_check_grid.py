@@ -1,11 +1,11 @@
-"""The carry-over check's 1-thread profile grid (servingplan/profiling/grid.py): the profile's grid thinned
+"""The carry-over check's 1-thread profile grid (servingplan/profile/grid.py): the profile's grid thinned
 on a log scale, its ends and speed references kept, at 1 thread, in at most CHECK_ROUNDS rounds."""
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servingplan.profiling import grid
+from servingplan.profile import grid
 
 
 def test_the_default_grid_thins_to_powers_of_two_and_keeps_the_references():
@@ -27,7 +27,7 @@ def test_the_checks_grid_still_has_a_point_for_every_carried_term():
     """The check fits the same terms as the profile: prompts of several lengths uncached (fixed, per
     token, per token squared), a chunk after at least two cached depths (per token x cached context), and
     decode at several batches and contexts (fixed, per sequence, per cached token)."""
-    from servingplan.profiling.measure import build_grid
+    from servingplan.profile.measure import build_grid
     profile = {"threads": 0, "rounds": 4, "reference_decode": [4, 256], "reference_prefill": 256,
                "prefill_lengths": [16, 64, 256, 512], "prefill_batches": [1, 2, 4],
                "decode_batches": [1, 4, 32], "decode_contexts": [64, 768], "repeats": 3,

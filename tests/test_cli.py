@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servingplan.cli import main
+from servingplan.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "serving_sim.py"
@@ -62,8 +62,8 @@ def test_rates_sweep_and_explicit_seeds(capsys):
 
 
 def test_a_trace_csv_and_a_cost_model_json_are_accepted(tmp_path, capsys):
-    from servingplan import workload
     from servingplan.costmodel import EXERCISE2
+    from servingplan.simulate import workload
     trace_csv, cost_json = tmp_path / "trace.csv", tmp_path / "cost.json"
     workload.generate({**workload.EXERCISE2, "num_requests": 80}, 0).to_frame().to_csv(trace_csv, index=False)
     EXERCISE2.scaled(2.0).save(cost_json)

@@ -13,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servingplan import cli, costmodel, users, vllm_result, workload
+from servingplan import costmodel
+from servingplan.cli import main as cli, users, vllm_result
 from servingplan.costmodel import CostModel
-from servingplan.sim import simulate
-from servingplan.sim.closed_loop import simulate_closed_loop
-from servingplan.workload import Trace
+from servingplan.simulate import workload
+from servingplan.simulate import simulate
+from servingplan.simulate.closed_loop import simulate_closed_loop
+from servingplan.simulate.workload import Trace
 from test_cli_vllm import refused
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -323,8 +325,8 @@ def test_bisect_users_finds_the_last_count_that_holds(threshold, users_max, lowe
 
 
 def test_capacity_in_users_is_the_largest_count_a_linear_scan_finds():
-    from servingplan.capacity import Criterion
-    from servingplan.metrics import SLO
+    from servingplan.simulate.capacity import Criterion
+    from servingplan.simulate.metrics import SLO
     criterion = Criterion(SLO(ttft_ms=400.0, tpot_ms=9.0))
     traces = [workload.generate({**workload.EXERCISE2, "num_requests": 60}, seed) for seed in (0, 1)]
     found = users.capacity_users(traces, [0, 1], costmodel.EXERCISE2, "continuous_chunked", 32, 512, criterion, 24)
@@ -351,7 +353,7 @@ def test_the_cli_reports_capacity_in_users(capsys):
 # --- the pipeline's keys ---------------------------------------------------------------------------------
 
 def test_simulate_load_is_the_open_loop_without_a_limit_and_the_closed_loop_with_one():
-    from servingplan.sim.closed_loop import simulate_load
+    from servingplan.simulate.closed_loop import simulate_load
     trace = workload.generate({**workload.EXERCISE2, "num_requests": 60}, 2)
     args = (trace, costmodel.EXERCISE2, "continuous_chunked", 16, 512, None, 16, 20.0)
     np.testing.assert_array_equal(simulate_load(*args).completion_s,
@@ -387,8 +389,8 @@ def test_the_config_check_merges_an_overlay_onto_config_yaml_as_snakemake_does()
 
 
 def test_the_sweep_runs_closed_loop_under_workload_max_concurrency():
-    from servingplan import planner
-    from servingplan.hardware import HERE, memory_for
+    from servingplan.plan import planner
+    from servingplan.plan.hardware import HERE, memory_for
     from test_planner import MACHINE, small_config
     config = small_config()
 

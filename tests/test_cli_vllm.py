@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from servingplan import workload
-from servingplan.cli import main
+from servingplan.cli.main import main
+from servingplan.simulate import workload
 
 SMALL = ["--num-prompts", "120", "--request-rate", "20", "--sweep-batch", "32"]
 VLLM_KEYS = {"completed", "total_input_tokens", "total_output_tokens", "duration", "request_throughput",

@@ -233,7 +233,7 @@ def test_llamacpp_settings_are_refused_in_one_line(change, expected):
 
 
 def test_each_machine_names_how_its_engine_holds_kv():
-    from servingplan.hardware import kv_memory_of, memory_for
+    from servingplan.plan.hardware import kv_memory_of, memory_for
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     # this machine: the project's slot engine; a GPU target: vLLM's paged pool; a CPU target: llama.cpp's slots
     assert kv_memory_of(config, "here") == {"model": "slots", "basis": "default_this_engine"}

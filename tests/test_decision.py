@@ -6,7 +6,7 @@ import copy
 import pandas as pd
 import pytest
 
-from servingplan import planner
+from servingplan.plan import planner
 
 SLO = {"ttft_ms": 300.0, "ttft_percentile": 90, "capacity_target_rate": 9.0}
 COST = {"target_per_1k_tokens": 0.001}

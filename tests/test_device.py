@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from servingplan import device as device_module
-from servingplan.profiling import machine
-from servingplan.profiling.measure import GridPoint, point_call, pool_for
-from servingplan.profiling.model import load_model
-from servingplan.serving import Engine, kvpool
-from servingplan.workload import Trace
+from servingplan.engine import Engine
+from servingplan.profile import machine
+from servingplan.profile import kvpool
+from servingplan.profile.measure import GridPoint, point_call, pool_for
+from servingplan.profile.model import load_model
+from servingplan.simulate.workload import Trace
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 128, "vocab_size": 1000}
 

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from servingplan.costmodel import EXERCISE2
-from servingplan.profiling.model import load_model
-from servingplan.serving import Engine
-from servingplan.serving.replay import compare, predict_steps, replay, request_pairs
-from servingplan.serving import kvpool
-from servingplan.serving.engine import ENGINE_STEP_COLUMNS
-from servingplan.sim import POLICIES, simulate
-from servingplan.sim.steps import STEP_COLUMNS
-from servingplan.workload import Trace
+from servingplan.engine import Engine
+from servingplan.engine.engine import ENGINE_STEP_COLUMNS
+from servingplan.engine.replay import compare, predict_steps, replay, request_pairs
+from servingplan.profile import kvpool
+from servingplan.profile.model import load_model
+from servingplan.simulate import POLICIES, simulate
+from servingplan.simulate.steps import STEP_COLUMNS
+from servingplan.simulate.workload import Trace
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 128, "vocab_size": 1000}
 # One thread: the tests share two cores with whatever else runs, and idle OpenMP workers spinning

@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servingplan import exercise2, workload
-from servingplan.seeds import derived_seeds
 from servingplan.costmodel import EXERCISE2, CostModel
-from servingplan.sim import simulate
-from servingplan.sim.steps import STEP_COLUMNS, StepRecorder
+from servingplan.plan import exercise2
+from servingplan.seeds import derived_seeds
+from servingplan.simulate import workload
+from servingplan.simulate import simulate
+from servingplan.simulate.steps import STEP_COLUMNS, StepRecorder
 
 SMALL = {"rate": 20.0, "num_requests": 150, "slo_ttft_ms": 2000, "slo_tpot_ms": 12, "chunk_size": 512,
          "sweep_caps": [8, 32, 128], "chunk_sizes": [128, 512], "seeds": 2}

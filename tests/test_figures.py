@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servingplan.report import figures, names, precision
-from servingplan.sim.policies import POLICIES
+from servingplan.plan import names
+from servingplan.report import figures, precision
+from servingplan.simulate.policies import POLICIES
 
 CAPS = (4, 16, 64)
 RATES = (1.0, 6.0, 9.0)

@@ -8,7 +8,7 @@ import pytest
 
 from servingplan import architecture, costmodel, roofline
 from servingplan.costmodel import CostModel
-from servingplan.profiling.fit import (
+from servingplan.fit.step_model import (
     DECODE_TERMS, PREFILL_TERMS, SELECTION_MARGIN, fit_profile, fit_relative, holdout_mask, run_fit,
 )
 

@@ -18,17 +18,20 @@ import yaml
 
 import test_hardware
 import test_report
-from servingplan import architecture, hardware, planner
+from servingplan import architecture
 from servingplan.config import ConfigError, check
-from servingplan.hardware import kv_memory_of
-from servingplan.seeds import simulation_seeds
 from servingplan.costmodel import CostModel, read_written
-from servingplan.gpu_check import compare, measured_basis, read_check, with_measured_launch_overhead
+from servingplan.fit.step_model import run_fit
+from servingplan.gpu_check import compare
 from servingplan.gpu_check.run import capstone_seeds, main, match_entry, planned_kv_memory
 from servingplan.io import read_json, write_json
-from servingplan.profiling.fit import run_fit
-from servingplan.report import blocks, names
+from servingplan.plan import hardware, planner
+from servingplan.plan import names
+from servingplan.plan.gpu_evidence import measured_basis, read_check, with_measured_launch_overhead
+from servingplan.plan.hardware import kv_memory_of
+from servingplan.report import blocks
 from servingplan.report.render import fmt_duration, fmt_pct
+from servingplan.seeds import simulation_seeds
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())

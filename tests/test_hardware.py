@@ -13,14 +13,17 @@ import yaml
 from markupsafe import escape
 
 import test_report
-from servingplan import architecture, hardware, planner, roofline, searches
+from servingplan import architecture, roofline
 from servingplan.config import ConfigError, check
-from servingplan.hardware import memory_for, target_kv_memory
-from servingplan.seeds import simulation_seeds
 from servingplan.costmodel import CostModel
 from servingplan.io import read_json, write_json
-from servingplan.report import blocks, names
+from servingplan.plan import hardware, planner
+from servingplan.plan import names
+from servingplan.plan.hardware import memory_for, target_kv_memory
+from servingplan.report import blocks
 from servingplan.report.render import write_report
+from servingplan.seeds import simulation_seeds
+from servingplan.simulate import searches
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT2 = architecture.GPT2_SMALL

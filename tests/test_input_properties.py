@@ -17,12 +17,13 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from servingplan import architecture, config as config_module, costmodel, metrics, workload
-from servingplan.capacity import MAX_BISECTIONS, log_bisect
-from servingplan.cli import main
+from servingplan import architecture, config as config_module, costmodel
+from servingplan.cli.main import main
 from servingplan.config import ConfigError
-from servingplan.serving.engine import request_problem
-from servingplan.sim import simulate
+from servingplan.engine.engine import request_problem
+from servingplan.simulate import metrics, workload
+from servingplan.simulate import simulate
+from servingplan.simulate.capacity import MAX_BISECTIONS, log_bisect
 
 import helpers
 from helpers import config_refused, one_line, set_path
@@ -343,7 +344,7 @@ OPTION_VALUES = {
 
 def test_every_cli_flag_is_fuzzed():
     """A new flag gets values here, or this fails: the generative suite covers every way in."""
-    from servingplan.cli import build_parser
+    from servingplan.cli.main import build_parser
     flags = {option for action in build_parser()._actions for option in action.option_strings} - {"-h", "--help"}
     fuzzed = set(OPTION_VALUES) | set(LOAD_OPTION_VALUES)
     assert flags <= fuzzed, sorted(flags - fuzzed)
@@ -462,7 +463,7 @@ def test_load_shape_and_result_options_are_refused_in_one_line_or_give_finite_fi
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from servingplan.profiling.model import load_model
+    from servingplan.profile.model import load_model
     return load_model("random", 0, architecture.QUICK_CONFIG_OVERRIDES)[0]
 
 
@@ -475,7 +476,7 @@ REQUEST = st.tuples(st.sampled_from([0.0, 0.01, 0.05, math.nan, math.inf, -1.0])
                                                                 HealthCheck.function_scoped_fixture])
 @given(st.lists(REQUEST, min_size=1, max_size=4), st.sampled_from(["static", "continuous", "continuous_chunked"]))
 def test_an_engine_serves_every_valid_request_and_refuses_the_rest(tiny_model, requests, policy):
-    from servingplan.serving import Engine
+    from servingplan.engine import Engine
     arrivals, prompts, outputs = (np.array(column) for column in zip(*requests))
     trace = workload.Trace(arrivals.astype(float), prompts.astype(np.int64), outputs.astype(np.int64))
     n_positions = tiny_model.config.n_positions
@@ -768,9 +769,9 @@ def hardware_targets(draw):
 @FAST
 @given(hardware_targets())
 def test_hardware_kind_and_launch_overhead_are_refused_in_one_line_or_carry_over_finite(targets):
-    from servingplan import hardware
-    from servingplan.hardware import memory_for, target_kv_memory
     from servingplan.memory import kv_blocks, memory_plan
+    from servingplan.plan import hardware
+    from servingplan.plan.hardware import memory_for, target_kv_memory
     from test_planner import MACHINE
     with hang_guard():
         if config_refused({**copy.deepcopy(QUICK), "hardware": targets}):
@@ -844,7 +845,7 @@ def test_a_result_file_is_written_only_onto_a_result_file(capsys, tmp_path_facto
        threads=st.sampled_from([0, 1, 2, 4]))
 def test_carry_over_check_is_refused_only_when_not_a_boolean_and_skipped_with_its_reason(check, with_targets, threads):
     from servingplan.config import carry_over_check_skipped
-    from servingplan.profiling.machine import resolve_threads
+    from servingplan.profile.machine import resolve_threads
     config = copy.deepcopy(QUICK)
     config.update(carry_over_check=check, hardware=config["hardware"] if with_targets else [])
     config["profile"]["threads"] = threads

@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import yaml
 
-from servingplan import architecture, config as config_module, costmodel, io as io_module, metrics, workload
-from servingplan.capacity import MAX_BISECTIONS, log_bisect
-from servingplan.cli import main
+from servingplan import architecture, config as config_module, costmodel, io as io_module
+from servingplan.cli.main import main
 from servingplan.config import ConfigError
 from servingplan.report.text import markdown_text
-from servingplan.sim import simulate
+from servingplan.simulate import metrics, workload
+from servingplan.simulate import simulate
+from servingplan.simulate.capacity import MAX_BISECTIONS, log_bisect
 
 from helpers import config_refused, hang_guard
 
@@ -237,12 +238,12 @@ def test_itl_gaps_are_summarised_in_blocks_with_identical_results(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from servingplan.profiling.model import load_model
+    from servingplan.profile.model import load_model
     return load_model("random", 0, architecture.QUICK_CONFIG_OVERRIDES)[0]
 
 
 def serve(model, trace):
-    from servingplan.serving import Engine
+    from servingplan.engine import Engine
     return Engine(model, "continuous", 4, threads=1).run(trace, max_wall_s=60.0)
 
 
@@ -464,7 +465,7 @@ def test_cli_a_preset_at_a_rate_spreading_it_past_1e8_s_is_refused(capsys):
 def test_the_peak_tokens_per_second_needs_memory_for_the_tokens_not_the_span():
     """The count was a bincount with a slot for every second of the run: 800 MB for a trace spanning
     the 1e8 s allowed, 400 TiB for one spanning 5e13 s."""
-    from servingplan.vllm_result import peak_output_tokens_per_s
+    from servingplan.cli.vllm_result import peak_output_tokens_per_s
     tokens = [np.array([0.2, 0.7, 1.5]), np.array([1e12 + 0.1, 1e12 + 0.3, 1e12 + 0.6, 1e12 + 1.2])]
     assert peak_output_tokens_per_s(np.array([0.0, 1e12]), tokens) == 3.0
 
@@ -473,7 +474,7 @@ def test_the_peak_tokens_per_second_needs_memory_for_the_tokens_not_the_span():
 
 def test_save_result_checks_its_path_before_any_simulation(tmp_path, capsys, monkeypatch):
     """A path that cannot be written is refused before the first cell runs (one run spent 130 s first)."""
-    import servingplan.cli as cli
+    import servingplan.cli.main as cli
     monkeypatch.setattr(cli, "run_cells", lambda *a, **k: pytest.fail("simulated before checking the output path"))
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -865,7 +866,7 @@ def test_a_file_that_is_no_result_file_is_neither_appended_to_nor_replaced(tmp_p
                                                                           says, flag):
     """--append-result added a JSON line to whatever the file was (a trace, a cost model), after the whole
     simulation; a file that is not UTF-8 ended in a UnicodeDecodeError. Now it is refused first."""
-    import servingplan.cli as cli
+    import servingplan.cli.main as cli
     monkeypatch.setattr(cli, "run_cells", lambda *a, **k: pytest.fail("simulated before checking the output file"))
     path = tmp_path / "out.json"
     path.write_bytes(content)
@@ -900,7 +901,7 @@ def test_append_result_keeps_a_vllm_file_and_adds_one_line_per_run(tmp_path, cap
 def test_a_result_dir_where_no_file_can_be_created_is_refused_first(tmp_path, capsys, monkeypatch):
     """os.access says yes to root in /proc/self/fd, where no file can be made: the run simulated, then
     died writing. The directory is now tried with a file created and removed before any run."""
-    import servingplan.cli as cli
+    import servingplan.cli.main as cli
     monkeypatch.setattr(cli, "run_cells", lambda *a, **k: pytest.fail("simulated before checking the output path"))
     err = cli_error(capsys, "--save-result", "--result-dir", "/proc/self/fd", "--seeds", "1")
     assert "--result-dir '/proc/self/fd': no file can be created there" in err or "not writable" in err

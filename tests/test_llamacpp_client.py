@@ -211,7 +211,7 @@ def test_the_replay_script_simulates_the_same_trace_under_the_llamacpp_policy(tm
     summary = replay.simulated(replay.make_trace(args), args)
     assert summary["num_requests"] == 20 and summary["finished"] == 20 and summary["ttft_ms_p50"] > 0
     # the server's -b and -ub: its batch and its micro-batches
-    from servingplan import metrics
-    from servingplan.sim import simulate
+    from servingplan.simulate import metrics
+    from servingplan.simulate import simulate
     assert summary == metrics.summarize(simulate(replay.make_trace(args), growing_cost, "llamacpp", 4, chunk_size=64,
                                                  record_tokens=True, n_ubatch=32))

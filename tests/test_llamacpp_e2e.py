@@ -78,9 +78,9 @@ def test_a_tiny_gguf_is_profiled_fitted_and_validated_through_a_real_llama_serve
     requests served by llama-server (and once more at a batch that splits prompts), the server's step log read
     back, and the `llamacpp` policy's simulation compared with them. Asserts what was served and read, never
     how fast."""
+    from servingplan.fit.step_model import fit_profile
     from servingplan.llamacpp.profile import run_llamacpp_profile
     from servingplan.llamacpp.validation import READINGS_PER_KIND, run_llamacpp_comparison, run_llamacpp_replay
-    from servingplan.profiling.fit import fit_profile
 
     grid = {"warmup": 1, "rounds": 2, "repeats": 2, "reference_interval_s": 1.0, "reference_decode": [2, 32],
             "reference_prefill": 32, "prefill_lengths": [16, 32, 64], "prefill_batches": [1],

@@ -1,10 +1,10 @@
 """The `llamacpp` policy against a slot schedule worked out by hand from llama-server's update_slots
 (llama.cpp 0c1e570, tools/server/server-context.cpp)."""
-from servingplan.sim import BlockManager, Scheduler, Seq
+from servingplan.simulate import BlockManager, Scheduler, Seq
 import pytest
 
-from servingplan.sim.llamacpp_slots import micro_batches, slots_of, step_time
-from servingplan.sim.policies import POLICIES, label
+from servingplan.simulate.llamacpp_slots import micro_batches, slots_of, step_time
+from servingplan.simulate.policies import POLICIES, label
 
 
 def run(sched):
@@ -110,7 +110,7 @@ def test_an_iteration_is_priced_over_its_micro_batches(growing_cost):
 def test_a_micro_batch_size_below_one_is_refused(growing_cost, n_ubatch):
     import numpy as np
     from conftest import make_trace
-    from servingplan.sim import simulate
+    from servingplan.simulate import simulate
     with pytest.raises(ValueError, match=f"^n_ubatch={n_ubatch}: must be >= 1$"):
         simulate(make_trace(np.zeros(1), [8], [2]), growing_cost, "llamacpp", 2, n_ubatch=n_ubatch)
 
@@ -118,7 +118,7 @@ def test_a_micro_batch_size_below_one_is_refused(growing_cost, n_ubatch):
 def test_the_simulator_prices_decodes_in_slots_apart_as_separate_passes(growing_cost):
     import numpy as np
     from conftest import make_trace
-    from servingplan.sim import simulate
+    from servingplan.simulate import simulate
     # A (id 0) takes slot 2, B slot 1, C slot 0. Once B is done, A and C decode in slots 2 and 0: two
     # passes of one sequence each, every step until they finish (same prompts, so the same contexts)
     trace = make_trace([0.0, 0.0, 0.0], [8, 8, 8], [30, 2, 30])
@@ -138,7 +138,7 @@ def test_the_simulator_prices_decodes_in_slots_apart_as_separate_passes(growing_
 def test_the_simulator_runs_the_policy_without_preemption_on_a_tiny_cache(growing_cost):
     import numpy as np
     from conftest import make_trace
-    from servingplan.sim import simulate
+    from servingplan.simulate import simulate
     trace = make_trace(np.arange(8) * 0.001, [40] * 8, [60] * 8)
     r = simulate(trace, growing_cost, "llamacpp", 8, kv_blocks=14, block_size=8)
     assert r.finished.all() and r.preemptions.sum() == 0 and r.peak_kv_blocks <= 14

@@ -9,9 +9,9 @@ import textwrap
 import pandas as pd
 import pytest
 
+from servingplan.fit.step_model import fit_profile
 from servingplan.llamacpp.profile import BenchError, bench_command, call_seconds, parse_bench_output, run_llamacpp_profile
-from servingplan.profiling.fit import fit_profile
-from servingplan.profiling.measure import GridPoint
+from servingplan.profile.measure import GridPoint
 
 # what the pinned llama-batched-bench prints with --output-format jsonl (batched-bench.cpp): its log on
 # stderr, one JSON object a line on stdout, then llama_perf's summary

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servingplan.profiling.fit import per_round_medians
-from servingplan.profiling.measure import (
+from servingplan.fit.step_model import per_round_medians
+from servingplan.profile.measure import (
     MAX_EXTRA_ROUNDS_PER_POINT, MIN_NOISE_FLOOR, NOISE_FLOOR_SIGMAS, mark_disturbed, measurement_brackets,
     noise_floors, normalise, plan_remeasure, remeasure_until_settled, speed_summary,
 )

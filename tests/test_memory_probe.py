@@ -8,11 +8,11 @@ import sys
 import psutil
 import pytest
 
-from servingplan.profiling.model import load_model
-from servingplan.serving import memory_probe
-from servingplan.serving.memory_probe import (fit_caps, fit_line, largest_calls, mapped_file_pages, measure,
-                                              peak_rss_bytes, prefill_calls, probe_forked, resident_at,
-                                              serve_worst_case, serving_memory_file)
+from servingplan.engine import memory_probe
+from servingplan.engine.memory_probe import (fit_caps, fit_line, largest_calls, mapped_file_pages, measure,
+                                             peak_rss_bytes, prefill_calls, probe_forked, resident_at,
+                                             serve_worst_case, serving_memory_file)
+from servingplan.profile.model import load_model
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 128, "vocab_size": 1000}
 
@@ -110,9 +110,8 @@ def test_resident_memory_is_the_measurement_where_there_is_one_else_the_line():
 # a process that loads the tiny model and serves continuous at cap 4: itself (fresh) or in a forked child
 # of it, with the parent's file pages mapped first (forked) or not (unmapped); prints its peak
 SERVE = """import json, sys
-from servingplan.profiling.model import load_model
-from servingplan.serving import memory_probe
-from servingplan.serving.memory_probe import mapped_file_pages, probe_forked, serve_worst_case
+from servingplan.profile.model import load_model
+from servingplan.engine.memory_probe import mapped_file_pages, probe_forked, serve_worst_case
 model = load_model("random", 0, {tiny!r})[0]
 case = (model, "continuous", 4, 768, 32, "prompt_tokens", 16)
 if sys.argv[1] == "fresh":

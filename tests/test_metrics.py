@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import GROWING, fixed_cost, make_trace
-from servingplan import workload
-from servingplan.metrics import (SLO, good_requests, itl_values, per_request, percentile,
-                                 request_itl_percentile, summarize)
-from servingplan.sim import SimResult, simulate
+from servingplan.simulate import workload
+from servingplan.simulate import SimResult, simulate
+from servingplan.simulate.metrics import (SLO, good_requests, itl_values, per_request, percentile,
+                                          request_itl_percentile, summarize)
 
 
 def hand_result(arrival, first, completion, outputs, spans=None, end=None, truncated=False) -> SimResult:

@@ -1,4 +1,4 @@
-"""A run stopped once its SLO verdicts are settled failing (sim.misses) gives the full run's verdicts: every
+"""A run stopped once its SLO verdicts are settled failing (simulate.misses) gives the full run's verdicts: every
 verdict it watched fails on the full run too, and a run the watch never stopped is the full run."""
 import math
 
@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servingplan import searches
-from servingplan.capacity import Criterion, capacity_searches
-from servingplan.metrics import SLO, miss_limit, summarize
-from servingplan.sim import simulate
-from servingplan.sim.fleet import ROUTERS, simulate_fleet
-from servingplan.workload import generate
+from servingplan.simulate import searches
+from servingplan.simulate import simulate
+from servingplan.simulate.capacity import Criterion, capacity_searches
+from servingplan.simulate.fleet import ROUTERS, simulate_fleet
+from servingplan.simulate.metrics import SLO, miss_limit, summarize
+from servingplan.simulate.workload import generate
 
 from conftest import GROWING
 

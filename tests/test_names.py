@@ -2,11 +2,11 @@
 import pytest
 
 from servingplan.costmodel import CostModel
-from servingplan.profiling.fit import DECODE_KINDS, PREFILL_KINDS
-from servingplan.profiling.measure import REFERENCE_KINDS
-from servingplan.report import names
-from servingplan.sim.fleet import ROUTERS
-from servingplan.sim.policies import POLICIES
+from servingplan.fit.step_model import DECODE_KINDS, PREFILL_KINDS
+from servingplan.plan import names
+from servingplan.profile.measure import REFERENCE_KINDS
+from servingplan.simulate.fleet import ROUTERS
+from servingplan.simulate.policies import POLICIES
 
 TERMS = ["decode_fixed_s", "decode_per_seq_s", "decode_per_ctx_token_s", "prefill_fixed_s",
          "prefill_per_token_s", "prefill_per_token_sq_s", "prefill_per_token_ctx_s", "decode_batch_fixed_s"]

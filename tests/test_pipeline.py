@@ -15,7 +15,8 @@ import pytest
 import yaml
 from markupsafe import escape
 
-from servingplan.report import blocks, names
+from servingplan.plan import names
+from servingplan.report import blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = "config/quick.yaml"
@@ -231,7 +232,7 @@ def test_the_same_config_with_its_keys_in_another_order_plans_nothing(pipeline):
 
 
 def test_simulator_edit_reruns_simulation_but_not_profiling(pipeline):
-    scheduler = pipeline / "servingplan" / "sim" / "scheduler.py"
+    scheduler = pipeline / "servingplan" / "simulate" / "scheduler.py"
     # a real edit: Snakemake compares content, so touching the file alone changes nothing
     with edited(scheduler, "\n# edited\n"):
         rules = planned_rules(pipeline)
@@ -258,7 +259,7 @@ def test_a_simulator_edit_reruns_the_simulation_when_snakemake_runs_from_another
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(pipeline / "results", elsewhere / "results")  # copytree keeps the files' times
     assert planned_from(elsewhere, pipeline) == set()
-    with edited(pipeline / "servingplan" / "sim" / "scheduler.py", "\n# edited\n"):
+    with edited(pipeline / "servingplan" / "simulate" / "scheduler.py", "\n# edited\n"):
         from_cwd = planned_from(elsewhere, pipeline)
         with_directory = planned_from(elsewhere, pipeline, cwd=tmp_path)
     for planned in (from_cwd, with_directory):

@@ -7,15 +7,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from servingplan import planner, searches
-from servingplan.capacity import search_rate
-from servingplan.hardware import HERE, memory_for
-from servingplan.money import cost_per_1k_tokens, max_replicas_within
 from servingplan.costmodel import CostModel
 from servingplan.memory import kv_blocks_for_budget, kv_bytes_per_token, largest_cap, memory_plan
-from servingplan.sim import simulate
-from servingplan.sim.fleet import simulate_fleet
-from servingplan.workload import CAPSTONE, Trace, generate
+from servingplan.plan import planner
+from servingplan.plan.hardware import HERE, memory_for
+from servingplan.plan.money import cost_per_1k_tokens, max_replicas_within
+from servingplan.simulate import searches
+from servingplan.simulate import simulate
+from servingplan.simulate.capacity import search_rate
+from servingplan.simulate.fleet import simulate_fleet
+from servingplan.simulate.workload import CAPSTONE, Trace, generate
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT2_WEIGHTS = 124_439_808 * 4

@@ -13,7 +13,7 @@ import yaml
 
 from servingplan.config import ConfigError, check
 from servingplan.report import figures
-from servingplan.sim import policies, scheduler
+from servingplan.simulate import policies, scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,10 +59,10 @@ def test_adding_a_policy_touches_the_scheduler_and_the_registry_only(tmp_path):
         if (ROOT / name).is_file():
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, tmp_path / name)
-    registry = tmp_path / "servingplan" / "sim" / "policies.py"
+    registry = tmp_path / "servingplan" / "simulate" / "policies.py"
     text = registry.read_text()
     registry.write_text(text.replace("\n)\nBY_NAME", "\n" + NEW_POLICY + ")\nBY_NAME"))
-    sched = tmp_path / "servingplan" / "sim" / "scheduler.py"
+    sched = tmp_path / "servingplan" / "simulate" / "scheduler.py"
     text = sched.read_text()
     sched.write_text(text.replace('"continuous_chunked": "_schedule_chunked"}',
                                   '"continuous_chunked": "_schedule_chunked", "chunked_small": "_schedule_chunked"}'))

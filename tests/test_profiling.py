@@ -8,12 +8,12 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from servingplan import roofline
-from servingplan.profiling import machine
-from servingplan.profiling.measure import (
+from servingplan.profile import machine
+from servingplan.profile.kvpool import KVPool, decode_call, decode_step, prefill_call, prefill_step
+from servingplan.profile.measure import (
     MAX_EXTRA_ROUNDS_PER_POINT, QUICK_PROFILE, build_grid, decode_lengths, normalise, profile_settings, relative_speed, run_profile, speed_summary,
 )
-from servingplan.serving.kvpool import KVPool, decode_call, decode_step, prefill_call, prefill_step
-from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
+from servingplan.profile.model import QUICK_CONFIG_OVERRIDES, load_model
 
 PROFILE_CFG = {
     "threads": 0, "warmup": 1, "rounds": 3, "repeats": 3, "reference_interval_s": 10,

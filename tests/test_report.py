@@ -18,22 +18,24 @@ import pandas as pd
 import pytest
 import yaml
 
-from servingplan import architecture, exercise2, planner, roofline, searches
-from servingplan.hardware import HERE, memory_for
-from servingplan.seeds import simulation_seeds
+from servingplan import architecture, roofline
 from servingplan.costmodel import CostModel
-from servingplan.findings import findings
+from servingplan.engine.replay import compare, request_pairs
+from servingplan.fit.step_model import fit_profile
 from servingplan.io import read_json, write_csv, write_json
 from servingplan.llamacpp.server_terms import summarize as summarize_server_terms
-from servingplan.profiling.fit import fit_profile
+from servingplan.plan import exercise2, planner
+from servingplan.plan.hardware import HERE, memory_for
+from servingplan.profile.measure import speed_summary
+from servingplan.report.findings import findings
 from servingplan.report.outline import OUTLINE
 from servingplan.report.render import TEMPLATE_DIR, environment, fmt_gb, fmt_range, write_report
-from servingplan.serving.replay import compare, request_pairs
-from servingplan.sim import simulate
-from servingplan.profiling.measure import speed_summary
-from servingplan.validation import agreement, headline, steps_by_batch
-from servingplan.validation import findings as validation_findings
-from servingplan.workload import generate
+from servingplan.seeds import simulation_seeds
+from servingplan.simulate import searches
+from servingplan.simulate import simulate
+from servingplan.simulate.workload import generate
+from servingplan.validate.validation import agreement, headline, steps_by_batch
+from servingplan.validate.validation import findings as validation_findings
 
 ROOT = Path(__file__).resolve().parent.parent
 

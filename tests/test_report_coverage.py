@@ -8,10 +8,11 @@ import jinja2
 import numpy as np
 import pytest
 
-from servingplan import costmodel, coverage
+from servingplan import costmodel
 from servingplan.io import write_json
+from servingplan.report import coverage
 from servingplan.report.render import environment, write_report
-from servingplan.workload import EXERCISE2, Trace
+from servingplan.simulate.workload import EXERCISE2, Trace
 
 from test_report import build_run
 

@@ -5,10 +5,11 @@ import pandas as pd
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from servingplan import architecture, hardware, roofline
+from servingplan import architecture, roofline
 from servingplan.costmodel import CostModel
-from servingplan.profiling import measure
-from servingplan.profiling.fit import Floors, physical_readings
+from servingplan.fit.step_model import Floors, physical_readings
+from servingplan.plan import hardware
+from servingplan.profile import measure
 
 GPT2 = architecture.GPT2_SMALL
 

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servingplan.capacity import Criterion, busy_floor, capacity, saturation_rate
-from servingplan.metrics import SLO
-from servingplan.sim import POLICIES, simulate
-from servingplan.sim.fleet import ROUTERS, join_shortest_queue, simulate_fleet
-from servingplan.sim.simulator import LOAD_RESOLUTION, Replica, Timeline, run_replicas
-from servingplan.workload import CAPSTONE, Trace, generate
+from servingplan.simulate import POLICIES, simulate
+from servingplan.simulate.capacity import Criterion, busy_floor, capacity, saturation_rate
+from servingplan.simulate.fleet import ROUTERS, join_shortest_queue, simulate_fleet
+from servingplan.simulate.metrics import SLO
+from servingplan.simulate.simulator import LOAD_RESOLUTION, Replica, Timeline, run_replicas
+from servingplan.simulate.workload import CAPSTONE, Trace, generate
 
 from conftest import GROWING, fixed_cost
 

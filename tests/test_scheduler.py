@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import servingplan.sim.scheduler as scheduler_module
-from servingplan.sim import POLICIES, BlockManager, Scheduler, Seq
+from servingplan.simulate import POLICIES, BlockManager, Scheduler, Seq
+import servingplan.simulate.scheduler as scheduler_module
 
 
 def run_step(sched: Scheduler):

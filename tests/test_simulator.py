@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import GROWING, fixed_cost, make_trace
-from servingplan import workload
-from servingplan.sim import POLICIES, BlockManager, Scheduler, Seq, simulate
-from servingplan.sim import llamacpp_slots
-from servingplan.sim.simulator import steps_to_reach
+from servingplan.simulate import workload
+from servingplan.simulate import POLICIES, BlockManager, Scheduler, Seq, simulate
+from servingplan.simulate import llamacpp_slots
+from servingplan.simulate.simulator import steps_to_reach
 
 # A per-batch decode table that rises and dips as on a CPU (interpolated at 4, extrapolated from 6 up),
 # read padded: the fast-forward must stay exact for it too

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from servingplan import config as config_module, workload
-from servingplan.cli import main
+from servingplan import config as config_module
+from servingplan.cli.main import main
 from servingplan.config import ConfigError
+from servingplan.simulate import workload
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE = ("TIMESTAMP,ContextTokens,GeneratedTokens\n"

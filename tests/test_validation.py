@@ -6,20 +6,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servingplan.profiling.measure import QUICK_PROFILE
-from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, load_model
 from servingplan.costmodel import CostModel
-from servingplan.metrics import per_request
-from servingplan.profiling.measure import GridPoint
-from servingplan.serving import Engine
-from servingplan.serving.replay import bootstrap_interval
-from servingplan.replay_file import result_from_json, result_to_json
-from servingplan.validation import (agreement, corrected_cost, corrected_times, corrections, findings, headline,
-                                    steps_by_batch)
-from servingplan.validation_replay import (Budget, PathCheck, ShapeRetimer, SpeedProbe, TorchRetimer, expected_max,
-                                           service_rate_rps,
-                                           validation_traces)
-from servingplan.workload import Trace
+from servingplan.engine import Engine
+from servingplan.engine.replay import bootstrap_interval
+from servingplan.profile.measure import QUICK_PROFILE
+from servingplan.profile.measure import GridPoint
+from servingplan.profile.model import QUICK_CONFIG_OVERRIDES, load_model
+from servingplan.simulate.metrics import per_request
+from servingplan.simulate.workload import Trace
+from servingplan.validate.replay_file import result_from_json, result_to_json
+from servingplan.validate.validation import (agreement, corrected_cost, corrected_times, corrections, findings,
+                                             headline, steps_by_batch)
+from servingplan.validate.validation_replay import (Budget, PathCheck, ShapeRetimer, SpeedProbe, TorchRetimer,
+                                                    expected_max, service_rate_rps, validation_traces)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +168,7 @@ LINE = CostModel(decode_fixed_s=0.01, decode_per_seq_s=0.0, decode_per_ctx_token
 
 
 def predicted(rows):
-    from servingplan.serving.replay import predict_steps
+    from servingplan.engine.replay import predict_steps
     return predict_steps(pd.DataFrame(rows), LINE)
 
 
@@ -224,7 +223,7 @@ def test_findings_give_each_gap_signed_with_its_direction():
 
 
 def tiny_points(settings):
-    from servingplan.profiling.measure import build_grid
+    from servingplan.profile.measure import build_grid
     return pd.DataFrame([{"kind": p.kind, "batch": p.batch, "prompt_len": p.prompt_len, "cached": p.cached,
                           "median_s": 0.001} for p in build_grid(settings)])
 
@@ -329,8 +328,8 @@ def test_replay_then_comparison_with_a_truncated_and_a_skipped_trace(model, caps
     is cut, and said so), the second is skipped (and said so); the comparison still writes every figure
     it has, and none it has not."""
     import json
-    from servingplan.validation import run_comparison
-    from servingplan.validation_replay import run_replay
+    from servingplan.validate.validation import run_comparison
+    from servingplan.validate.validation_replay import run_replay
     meta = {**profile_meta(), "memory": {"param_bytes": 10**6, "kv_bytes_per_token": 1000.0}}
     workload = {"num_requests": 20, "rate": 1.0, "prompt": {"dist": "uniform", "min": 8, "max": 32},
                 "output": {"dist": "uniform", "min": 2, "max": 6}}
@@ -379,15 +378,17 @@ def rule_sources(*names: str) -> set[str]:
 
 
 def test_the_replay_job_lists_what_it_imports_and_nothing_of_the_comparison():
-    replay = imported_package_files("servingplan.validation_replay")
+    replay = imported_package_files("servingplan.validate.validation_replay")
     # the comparison's modules stay out of the replay process
-    assert not replay & {"validation.py", "capacity.py", "metrics.py", "serving/replay.py"}
+    assert not replay & {"validate/validation.py", "simulate/capacity.py", "simulate/metrics.py", "engine/replay.py"}
     listed = rule_sources("REPLAY_SOURCES =", "rule validate_replay:")
     # every module the replay loads is an input of its rule, but the simulator's SimResult (left out on purpose)
-    # and the llama-server pricing the simulator imports (the engine serves no llamacpp policy)
-    simulator = {"__init__.py", "sim/__init__.py", "sim/simulator.py", "sim/llamacpp_slots.py"}
+    # and the llama-server pricing the simulator imports (the engine serves no llamacpp policy), and the
+    # validate stage's package file (a docstring, no code)
+    simulator = {"__init__.py", "simulate/__init__.py", "simulate/simulator.py", "simulate/llamacpp_slots.py",
+                 "validate/__init__.py"}
     assert replay - simulator <= listed
-    probe = imported_package_files("servingplan.serving.memory_probe, servingplan.profiling.model, "
-                                   "servingplan.profiling.machine, servingplan.pipeline, servingplan.io")
-    assert "serving/engine.py" not in probe
+    probe = imported_package_files("servingplan.engine.memory_probe, servingplan.profile.model, "
+                                   "servingplan.profile.machine, servingplan.pipeline, servingplan.io")
+    assert "engine/engine.py" not in probe
     assert probe - simulator <= rule_sources("REPLAY_SOURCES =", "rule serving_memory:")

@@ -4,13 +4,13 @@ import json
 import yaml
 
 from test_pipeline import QUICK, edited, planned_rules, snakemake
-from servingplan.serving.memory_probe import fit_caps, resident_at
+from servingplan.engine.memory_probe import fit_caps, resident_at
 
 
 def test_a_simulator_edit_reruns_the_comparison_but_not_the_real_time_replay(quick_pipeline):
     pipeline = quick_pipeline[0]
     # a real edit: Snakemake compares content, so touching the file alone changes nothing
-    with edited(pipeline / "servingplan" / "sim" / "simulator.py", "\n# edited\n"):
+    with edited(pipeline / "servingplan" / "simulate" / "simulator.py", "\n# edited\n"):
         rules = planned_rules(pipeline)
     assert "validate" in rules and "validate_replay" not in rules
     assert "profile" not in rules

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servingplan import workload
+from servingplan.simulate import workload
 
 
 def test_capstone_total_output_matches_the_source_within_3_percent():

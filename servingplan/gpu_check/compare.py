@@ -2,7 +2,7 @@
 on the GPU, and the capstone's figures on each. Pure arithmetic and simulation, no device: the tests
 check it on hand-made models.
 
-Every error is carried / measured - 1, as the 1-thread check's (servingplan.carry_check): for a time
+Every error is carried / measured - 1, as the 1-thread check's (servingplan.check.carry_check): for a time
 (a term, a decode batch's f(B), a call) negative means the estimate expects it faster than the GPU ran
 it (optimistic); for a capacity, negative means the estimate expects less capacity (pessimistic).
 
@@ -14,11 +14,12 @@ it (optimistic); for a capacity, negative means the estimate expects less capaci
 """
 from __future__ import annotations
 
-from servingplan import carry_check, roofline
+from servingplan import roofline
+from servingplan.check import carry_check
 from servingplan.costmodel import CostModel
-from servingplan.planner import sweep_cell
-from servingplan.searches import capacity_cell
+from servingplan.plan.planner import sweep_cell
 from servingplan.seeds import figures_over_seeds
+from servingplan.simulate.searches import capacity_cell
 
 # the capacity criterion the capstone states (ttft p90 within slo.ttft_ms)
 CAPSTONE_CRITERION = "ttft_slo"

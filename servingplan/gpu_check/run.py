@@ -8,13 +8,13 @@
 GPU machine.) On the device, each stage printing its progress:
 
 1. profile: the engine's prefill and decode calls, timed by the project's profiler
-   (servingplan.profiling.measure.run_profile) over config.yaml's own `profile` grid, with the roofline
+   (servingplan.profile.measure.run_profile) over config.yaml's own `profile` grid, with the roofline
    probes (memory bandwidth, float32 GEMM on the model's products) read through the run on the device.
    The default grid, not a reduced one: a GPT-2 small call takes milliseconds on an H100, so the whole
    grid in its rounds takes about a minute there, and it is the grid the CPU model was fitted on, so the
    two fits resolve every term from the same shapes and a term's error is the carry-over's, not the
    grids'. --tiny swaps in the tiny model and QUICK_PROFILE's grid (measure.run_profile's quick).
-2. fit: the project's fit (servingplan.profiling.fit.run_fit) of the cost model to that profile.
+2. fit: the project's fit (servingplan.fit.step_model.run_fit) of the cost model to that profile.
 3. host time: a decode step at batch 1 and HOST_TIME_CONTEXT cached tokens, timed HOST_TIME_REPEATS
    times, against its roofline floor at the probes' peaks; what the floor does not explain is the host's
    time per call (Python, the dispatcher, the kernel launches), set against the 2.5 ms the carry-over
@@ -22,9 +22,9 @@ GPU machine.) On the device, each stage printing its progress:
 4. replay: one short Poisson trace at the validation's first load fraction of the measured model's
    service rate, served in real time by the project's engine on the device and simulated on the measured
    model, compared as the validation compares them (validation_replay's trace and load reference,
-   serving.replay's compare and predict_steps).
+   engine.replay's compare and predict_steps).
 5. carry-over (with --carry-from): the CPU model carried to the GPU's `hardware:` entry as the rule
-   carry_over carries it (servingplan.hardware.carry_over), and to the rates and host time the GPU
+   carry_over carries it (servingplan.plan.hardware.carry_over), and to the rates and host time the GPU
    measured, each compared term by term, decode batch by decode batch and call by call with the model
    measured (servingplan.gpu_check.compare).
 6. capstone: p90 TTFT at today's rate and the capacity at the TTFT target on the measured model and on
@@ -32,7 +32,7 @@ GPU machine.) On the device, each stage printing its progress:
    them, with the seeds, SLO, workload and search settings of config.yaml (simulations: about 20 s per
    model on a 2-core machine, --tiny one seed).
 
-It writes DIR/gpu_check.json (the contract the pipeline reads: servingplan.gpu_check) and
+It writes DIR/gpu_check.json (the contract the pipeline reads: servingplan.plan.gpu_evidence) and
 DIR/gpu_check.md, with the profile, its fit and the fitted cost model beside them. It runs from the
 source tree with what the GPU machine has (torch, transformers, numpy, pandas, scipy, jinja2 and
 markupsafe, pyyaml, psutil, tqdm): no snakemake and no jsonschema. So config.yaml, the checked-in file
@@ -54,24 +54,27 @@ from pathlib import Path
 import torch
 import yaml
 
-from servingplan import architecture, carry_check, hardware, roofline
+from servingplan import architecture, roofline
+from servingplan.check import carry_check
 from servingplan.costmodel import CostModel, read_written
 from servingplan.device import model_device
-from servingplan.gpu_check import SCHEMA_VERSION, check_document, compare, measured_basis
+from servingplan.engine.replay import compare as compare_replay
+from servingplan.engine.replay import predict_steps, replay
+from servingplan.fit.step_model import run_fit
+from servingplan.gpu_check import compare
 from servingplan.gpu_check.markdown import render_markdown
 from servingplan.io import (InputError, _check_replaceable, _check_writable, parse_json, read_json,
                             read_text_input, write_json, write_text)
 from servingplan.memory import kv_blocks
-from servingplan.profiling import machine as probes
-from servingplan.profiling.fit import run_fit
-from servingplan.profiling.measure import GridPoint, point_call, pool_for, run_profile, time_call
-from servingplan.profiling.model import QUICK_CONFIG_OVERRIDES, RANDOM_SOURCE, load_model
+from servingplan.plan import hardware
+from servingplan.plan.gpu_evidence import SCHEMA_VERSION, check_document, measured_basis
+from servingplan.profile import machine as probes
+from servingplan.profile.measure import GridPoint, point_call, pool_for, run_profile, time_call
+from servingplan.profile.model import QUICK_CONFIG_OVERRIDES, RANDOM_SOURCE, load_model
 from servingplan.seeds import simulation_seeds
-from servingplan.serving.replay import compare as compare_replay
-from servingplan.serving.replay import predict_steps, replay
-from servingplan.sim import simulate
-from servingplan.sim.policies import chunk_budget
-from servingplan.validation_replay import reference_rps, validation_traces
+from servingplan.simulate import simulate
+from servingplan.simulate.policies import chunk_budget
+from servingplan.validate.validation_replay import reference_rps, validation_traces
 
 PROG = "gpu_check"
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -407,7 +410,7 @@ def compare_carried(plan: Plan, measured: CostModel, fit_report: dict, measured_
 
 
 def check_summary(plan: Plan, measured_roofline: dict, host: dict, replayed: dict, carried: dict | None) -> dict:
-    """What the pipeline reads of a check (the contract in servingplan.gpu_check): the device, the entry,
+    """What the pipeline reads of a check (the contract in servingplan.plan.gpu_evidence): the device, the entry,
     the rates and host time measured, and each comparison's error summary (None without --carry-from)."""
     def errors(part: str, key: str = "error", of: str = "time"):
         return None if carried is None else compare.error_summary(carried[part], key, of)

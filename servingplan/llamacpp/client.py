@@ -9,7 +9,7 @@ generated so far, so held-back tokens are still counted, each stamped with the a
 brought it (as vLLM's benchmark stamps a chunk).
 
 Times are seconds on one monotonic clock from the run's start. Per request with scheduled arrival a,
-first token f, completion c (the last token's arrival) and N tokens, as servingplan.metrics defines them
+first token f, completion c (the last token's arrival) and N tokens, as servingplan.simulate.metrics defines them
 (vLLM's benchmarks/serve.py): TTFT = f - a, TPOT = (c - f) / (N - 1) for N >= 2, E2E = c - a, ITL = every
 gap between consecutive tokens (0 between tokens that arrived in one chunk).
 

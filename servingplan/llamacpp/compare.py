@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from servingplan.metrics import percentile, request_columns
-from servingplan.sim import simulate
-from servingplan.sim.policies import chunk_budget
-from servingplan.validation import JUDGED_LOAD
-from servingplan.workload import generate
+from servingplan.simulate import simulate
+from servingplan.simulate.metrics import percentile, request_columns
+from servingplan.simulate.policies import chunk_budget
+from servingplan.simulate.workload import generate
+from servingplan.validate.validation import JUDGED_LOAD
 
 ENGINES = ("torch", "llamacpp")
 PREFILL_LENGTHS = (128, 256, 512)
@@ -102,7 +102,7 @@ def llama_gaps(meta: dict) -> dict:
 def engine_comparison(torch_cost, llama_cost, torch_validation: dict, llama_validation: dict, workload: dict,
                       slo: dict, validation: dict, sweep: dict, llamacpp: dict, seed: int) -> dict:
     today = workload["rate"]
-    from servingplan.validation_replay import reference_rps   # imports torch: only this job's import pays it
+    from servingplan.validate.validation_replay import reference_rps   # imports torch: only this job's import pays it
     cap = int(validation["cap"])
     prompt, context = mean_shapes(workload, seed)
     costs = {"torch": torch_cost, "llamacpp": llama_cost}

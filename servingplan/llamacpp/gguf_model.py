@@ -66,8 +66,8 @@ def synthetic_tokenizer(vocab_size: int):
 
 
 def save_hf_model(out_dir: Path, seed: int = 0, config_overrides: dict | None = None) -> Path:
-    """The project's seeded random GPT-2 (servingplan.profiling.model) saved with its tokenizer."""
-    from servingplan.profiling.model import RANDOM_SOURCE, load_model
+    """The project's seeded random GPT-2 (servingplan.profile.model) saved with its tokenizer."""
+    from servingplan.profile.model import RANDOM_SOURCE, load_model
 
     out_dir = Path(out_dir)
     model, _ = load_model(RANDOM_SOURCE, seed, config_overrides)

@@ -1,5 +1,5 @@
 """Profile llama.cpp's steps on this machine into the files the torch profiler writes
-(servingplan.profiling.measure: points CSV, samples CSV, meta JSON), so servingplan.profiling.fit fits
+(servingplan.profile.measure: points CSV, samples CSV, meta JSON), so servingplan.fit.step_model fits
 them unchanged.
 
     run_llamacpp_profile(gguf, profile_cfg, llamacpp_cfg, seed, tiny=False, progress=True) -> Profile
@@ -62,14 +62,13 @@ import pandas as pd
 from tqdm import tqdm
 
 from servingplan import roofline as work_model
-from servingplan.pipeline import terminal
-from servingplan.profiling import machine
-from servingplan.profiling.measure import (FLOAT32_BYTES, MAX_REMEASURE_ROUNDS, QUICK_PROFILE, GridPoint, Profile,
-                                           SpeedTracer,
-                                           _point_row, build_grid, mark_disturbed, measurement_brackets, normalise,
-                                           reference_points, remeasure_summary, remeasure_until_settled,
-                                           speed_summary)
 from servingplan.llamacpp import build
+from servingplan.pipeline import terminal
+from servingplan.profile import machine
+from servingplan.profile.measure import (FLOAT32_BYTES, MAX_REMEASURE_ROUNDS, QUICK_PROFILE, GridPoint, Profile,
+                                         SpeedTracer, _point_row, build_grid, mark_disturbed, measurement_brackets,
+                                         normalise, reference_points, remeasure_summary, remeasure_until_settled,
+                                         speed_summary)
 
 MEASURED_KINDS = ("prefill", "prefill_cached", "decode")
 CTX_MODE = "padded_max"
@@ -254,7 +253,7 @@ def profile_grid(settings: dict) -> list[GridPoint]:
 def model_metadata(seed: int, tiny: bool) -> dict:
     """The metadata of the torch model the GGUF was converted from (same seed, same shape)."""
     from servingplan.llamacpp.gguf_model import TINY_OVERRIDES
-    from servingplan.profiling.model import RANDOM_SOURCE, load_model
+    from servingplan.profile.model import RANDOM_SOURCE, load_model
     model, meta = load_model(RANDOM_SOURCE, seed, TINY_OVERRIDES if tiny else None)
     del model
     return meta

@@ -13,7 +13,7 @@ its time since start ("MM.SS.mmm.uuu") and prints, from its serving loop (tools/
 HTTP threads log too, between those lines; only the lines above are read.
 
 `check_rule` holds the steps against llama-server's batch rule as the `llamacpp` policy simulates it
-(servingplan.sim.llamacpp_slots): every step's tokens fit n_batch, and a step that leaves prompt tokens for a
+(servingplan.simulate.llamacpp_slots): every step's tokens fit n_batch, and a step that leaves prompt tokens for a
 later step is full.
 """
 from __future__ import annotations

@@ -52,7 +52,7 @@ from servingplan.llamacpp.profile import run_bench
 from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer
 from servingplan.llamacpp.server_log import ServerLogError, read_steps
 from servingplan.pipeline import terminal
-from servingplan.profiling.measure import GridPoint
+from servingplan.profile.measure import GridPoint
 
 # what the server's extra time over the tool's is fitted on, per kind: a prompt's tokens L and L^2 (the work
 # per token and the attention's); a decode step's fixed part and its context (one sequence: its KV read); a

@@ -1,5 +1,5 @@
 """Validate the simulator against a real llama-server, in two jobs as for the torch engine
-(servingplan.validation_replay, servingplan.validation):
+(servingplan.validate.validation_replay, servingplan.validate.validation):
 
 The cost model both read is llama-server's: the fit with the server terms measured against the tool applied
 (servingplan.llamacpp.server_terms; `cost` below).
@@ -21,10 +21,10 @@ The cost model both read is llama-server's: the fit with the server terms measur
     run_llamacpp_comparison(replayed, cost, validation, memory, sweep, terms) -> dict
         simulate every served trace under the `llamacpp` policy on the llama.cpp cost model, as fitted (with
         the server terms, which the meta carries)
-        and as corrected by that evidence (servingplan.validation.corrections, the torch validation's
+        and as corrected by that evidence (servingplan.validate.validation.corrections, the torch validation's
         rule: a kind of step is corrected only where the server's own steps of that kind agree with it),
         and set the requests (p90 TTFT, mean TPOT, ..., with the torch validation's bootstrap intervals:
-        servingplan.serving.replay.compare; its goal: servingplan.validation.agreement) and the steps
+        servingplan.engine.replay.compare; its goal: servingplan.validate.validation.agreement) and the steps
         (each logged step's time against the cost model's time for what it held) side by side.
 
 The server runs with -np = validation.cap, -b / -ub = llamacpp.n_batch / n_ubatch, -c = cap x
@@ -40,14 +40,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from servingplan.engine.replay import compare
 from servingplan.llamacpp.server_log import ServerLogError, check_rule, read_steps
 from servingplan.pipeline import terminal
-from servingplan.serving.replay import compare
-from servingplan.sim.llamacpp_slots import micro_batches, priced
-from servingplan.sim.simulator import SimResult
-from servingplan.validation import (MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreement, corrected_cost, corrections,
-                                    direction)
-from servingplan.workload import Trace
+from servingplan.simulate.llamacpp_slots import micro_batches, priced
+from servingplan.simulate.simulator import SimResult
+from servingplan.simulate.workload import Trace
+from servingplan.validate.validation import (MIN_STEPS_PER_BATCH, STEP_GOAL_PCT, agreement, corrected_cost,
+                                             corrections, direction)
 
 POLICY = "llamacpp"
 # readings of each kind of step a run served by the time it is judged (each a llama-batched-bench run)
@@ -67,7 +67,7 @@ def server_context(validation: dict, memory: dict) -> int:
 def planned_runs(workload: dict, validation: dict, llamacpp_cfg: dict, reference_rps: float, seed: int) -> list[dict]:
     """The runs to serve: every load of the torch validation at n_batch, then its lowest load again at
     split_n_batch."""
-    from servingplan.validation_replay import validation_traces   # imports torch: the replay job alone needs it
+    from servingplan.validate.validation_replay import validation_traces   # imports torch: the replay job alone needs it
     runs = []
     for fraction, rate, trace in validation_traces(workload, validation, reference_rps, seed):
         runs.append({"name": f"load {fraction:g}", "load_fraction": fraction, "rate": rate, "trace": trace,
@@ -90,8 +90,8 @@ def bench_retimer(profile_points: pd.DataFrame, profile_meta: dict, cap: int, gg
 
     from servingplan.llamacpp import build
     from servingplan.llamacpp.profile import run_bench
-    from servingplan.profiling.measure import GridPoint
-    from servingplan.validation_replay import ShapeRetimer, nearest   # imports torch: the replay job alone needs it
+    from servingplan.profile.measure import GridPoint
+    from servingplan.validate.validation_replay import ShapeRetimer, nearest   # imports torch: the replay job alone needs it
 
     settings = profile_meta["settings"]
     calls = int(settings["warmup"]) + int(settings["repeats"])
@@ -164,8 +164,8 @@ def run_llamacpp_replay(gguf, cost, profile_points: pd.DataFrame, profile_meta: 
     from servingplan.llamacpp.client import random_prompts, run_trace
     from servingplan.llamacpp.gguf_model import TINY_OVERRIDES
     from servingplan.llamacpp.server import FLOAT32_KV, STEP_LOG_ARGS, LlamaServer
-    from servingplan.profiling.machine import resolve_threads
-    from servingplan.validation_replay import IDLE_MARGIN, reference_rps
+    from servingplan.profile.machine import resolve_threads
+    from servingplan.validate.validation_replay import IDLE_MARGIN, reference_rps
 
     cap = int(validation["cap"])
     retimer = bench_retimer(profile_points, profile_meta, cap, gguf)
@@ -279,7 +279,7 @@ def step_table(run: dict, cost) -> tuple[pd.DataFrame, list]:
 
 def with_corrected(frame: pd.DataFrame, batches: list, cost, applied: list[dict]) -> pd.DataFrame:
     """step_table's frame with each step's time on the cost model as corrected for its kind (`applied`:
-    servingplan.validation.corrections): decode terms x its batch size's factor, prefill terms x the
+    servingplan.validate.validation.corrections): decode terms x its batch size's factor, prefill terms x the
     prefill factor, over the same micro-batches."""
     decode = {row["batch"]: row["applied_factor"] for row in applied if row["kind"] == "decode"}
     prefill = next((row["applied_factor"] for row in applied if row["kind"] == "prefill"), 1.0)
@@ -356,7 +356,7 @@ def run_llamacpp_comparison(replayed: dict, cost, validation: dict, memory: dict
 
 def simulate_run(trace: Trace, cost, cap: int, n_batch: int, n_ubatch: int, blocks: int, memory: dict,
                  sweep: dict) -> SimResult:
-    from servingplan.sim import simulate
+    from servingplan.simulate import simulate
     return simulate(trace, cost, POLICY, cap, n_batch, blocks, memory["block_size"], sweep["horizon_factor"],
                     n_ubatch=n_ubatch)
 

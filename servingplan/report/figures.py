@@ -22,12 +22,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from servingplan import money  # noqa: E402
-from servingplan.exercise2 import POLICY as EX2_POLICY  # noqa: E402
-from servingplan.planner import _capacity_row  # noqa: E402
-from servingplan.report.names import display  # noqa: E402
+from servingplan.plan import money  # noqa: E402
+from servingplan.plan.exercise2 import POLICY as EX2_POLICY  # noqa: E402
+from servingplan.plan.names import display  # noqa: E402
+from servingplan.plan.planner import _capacity_row  # noqa: E402
 from servingplan.seeds import over_seeds  # noqa: E402
-from servingplan.sim import policies  # noqa: E402
+from servingplan.simulate import policies  # noqa: E402
 
 POLICY_COLORS = {p.name: p.color for p in policies.REGISTRY}
 POLICY_MARKERS = {p.name: p.marker for p in policies.REGISTRY}

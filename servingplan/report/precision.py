@@ -1,5 +1,5 @@
 """How many digits a measured number earns. On a machine whose speed moved more than 10% during the run
-(servingplan/profiling/measure.py's speed trace), a third significant digit claims more than the data
+(servingplan/profile/measure.py's speed trace), a third significant digit claims more than the data
 hold: such numbers, and every figure derived from the measured step times (costs, speed-ups, capacities),
 get two significant digits."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from decimal import ROUND_HALF_UP, Decimal
 
-from servingplan.profiling.measure import SPEED_MOVED_WARNING
+from servingplan.profile.measure import SPEED_MOVED_WARNING
 
 # significant digits when the speed held within SPEED_MOVED_WARNING, and when it moved more
 STEADY_DIGITS = 3

@@ -10,7 +10,7 @@ of paths (fleet: the planner's fleet cells); the three validation files, the ser
 or validation: its `machine` is the sizes derived from the architecture (`measured: false`), and the
 report says where the cost model came from instead. Every number the report shows is read from those
 files or from the run's config; every comparison and pick among them is the planner's (results/plan/
-findings.json, servingplan/findings.py), this module only formats. The one exception is the capstone
+findings.json, servingplan/report/findings.py), this module only formats. The one exception is the capstone
 source's own workload figures (config `reference`), the reference the calibration is checked against.
 Each section is declared once (reports/templates/report.sections.j2) as blocks that
 servingplan/report/blocks.py draws in HTML and in Markdown; the words are in report.text.j2, which
@@ -40,18 +40,19 @@ from markupsafe import Markup
 import numpy as np
 import pandas as pd
 
-from servingplan import money
 from servingplan.config import HERE, carry_over_check_skipped, costmodel_source
-from servingplan.findings import sweep_seeds, workload_traces
-from servingplan.gpu_check import read_check
 from servingplan.costmodel import DECODE_KEYS, PREFILL_KEYS, CostModel
 from servingplan.io import atomic_path, read_json, write_json, write_text
 from servingplan.pipeline import stage_times
-from servingplan.report import blocks, figures, names
+from servingplan.plan import money
+from servingplan.plan import names
+from servingplan.plan.gpu_evidence import read_check
+from servingplan.report import blocks, figures
 from servingplan.report import measurement
+from servingplan.report.findings import sweep_seeds, workload_traces
 from servingplan.report.outline import OUTLINE
-from servingplan.sim import policies
-from servingplan.workload import expected_length
+from servingplan.simulate import policies
+from servingplan.simulate.workload import expected_length
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "reports" / "templates"
 REPO_DIR = Path(__file__).resolve().parents[2]
