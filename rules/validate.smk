@@ -34,7 +34,7 @@ rule validate_replay:
         trace=TRACE_FILE,
         # what the replay imports (servingplan.validate.validation_replay), not the comparison's modules
         code=REPLAY_SOURCES + sources("validate/validation_replay.py", "validate/replay_file.py",
-                                      "profile/measure.py", "roofline.py"),
+                                      "profile/measure.py", "profile/grid.py", "roofline.py"),
     output:
         replay="results/validation/replay.json",
     params:
