@@ -6,7 +6,8 @@ process's peak resident memory, for two source trees, measured back to back on t
 A TREE is a checkout of this project, e.g. the commit before a change: `git worktree add /tmp/before
 <commit>`; `--after .` is the working tree. Each tree's own servingplan is imported in a fresh process
 (PYTHONPATH=TREE), so the two run the same shapes through their own step functions
-(servingplan.profile.kvpool) and KV pool, with GPT-2 small's random weights (config defaults), all
+(servingplan.profile.kvpool, or servingplan.serving.kvpool in a tree from before the
+package by stage) and KV pool, with GPT-2 small's random weights (config defaults), all
 cores, and the allocator setting the engine runs under.
 
 - Step times: decode at B = 1, 8 and 32 at contexts 128 and 512 (ragged like the profile's batches:
@@ -45,16 +46,39 @@ DEFAULT_CONTEXT = 768
 SEED = 0
 
 
+# Where a tree keeps the step functions, the thread setting, the model loader and the profile's batch
+# shapes: the package by stage (since 70ce2c8), or the flat package before it, so that a change can be
+# measured across the move
+LAYOUTS = {
+    "servingplan/profile/kvpool.py": {"kvpool": "servingplan.profile.kvpool", "machine": "servingplan.profile.machine",
+                                      "model": "servingplan.profile.model", "measure": "servingplan.profile.measure"},
+    "servingplan/serving/kvpool.py": {"kvpool": "servingplan.serving.kvpool", "machine": "servingplan.profiling.machine",
+                                      "model": "servingplan.profiling.model", "measure": "servingplan.profiling.measure"},
+}
+
+
+def tree_layout(tree: Path) -> dict | None:
+    """The module names of `tree`'s layout (LAYOUTS), None where it holds neither."""
+    return next((modules for marker, modules in LAYOUTS.items() if (tree / marker).is_file()), None)
+
+
 # -- the worker: runs inside one tree's servingplan ------------------------------------------------
+def _modules() -> dict:
+    """This worker's tree's modules, by name (kvpool, machine, model, measure)."""
+    import importlib
+
+    import servingplan
+    layout = tree_layout(Path(servingplan.__file__).resolve().parent.parent)
+    return {name: importlib.import_module(module) for name, module in layout.items()}
+
+
 def _load():
     import torch
-    from servingplan.profile.kvpool import configure_allocator
-    from servingplan.profile.machine import configure_threads
-    from servingplan.profile.model import load_model
-    configure_allocator()
-    configure_threads(0)
+    modules = _modules()
+    modules["kvpool"].configure_allocator()
+    modules["machine"].configure_threads(0)
     torch.manual_seed(SEED)
-    return load_model("random", SEED)[0]
+    return modules["model"].load_model("random", SEED)[0]
 
 
 def _median_seconds(call, repeats: int) -> float:
@@ -79,8 +103,9 @@ def machine_reference(repeats: int) -> dict:
 
 def worker_steps(repeats: int) -> dict:
     import torch
-    from servingplan.profile.kvpool import KVPool, decode_step, prefill_step
-    from servingplan.profile.measure import decode_lengths
+    modules = _modules()
+    KVPool, decode_step, prefill_step = (getattr(modules["kvpool"], name) for name in ("KVPool", "decode_step", "prefill_step"))
+    decode_lengths = modules["measure"].decode_lengths
     model = _load()
     config = model.config
     generator = torch.Generator().manual_seed(SEED)
@@ -111,7 +136,8 @@ def _vm_hwm_bytes() -> int:
 
 def worker_memory(cap: int, context: int) -> dict:
     import torch
-    from servingplan.profile.kvpool import KVPool, decode_step, prefill_step
+    modules = _modules()
+    KVPool, decode_step, prefill_step = (getattr(modules["kvpool"], name) for name in ("KVPool", "decode_step", "prefill_step"))
     model = _load()
     config = model.config
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -197,9 +223,9 @@ def main(argv=None) -> int:
         return 0
     for name in ("before", "after"):
         tree = getattr(args, name)
-        if tree is None or not (tree / "servingplan" / "profile" / "kvpool.py").is_file():
+        if tree is None or tree_layout(tree) is None:
             print(f"bench_engine_steps: --{name} {tree}: must be a checkout of this project "
-                  "(holding servingplan/profile/kvpool.py)", file=sys.stderr)
+                  f"(holding {' or '.join(LAYOUTS)})", file=sys.stderr)
             return 2
     if not 2 <= args.rounds <= 50 or not 1 <= args.repeats <= 50 or not 16 <= args.context <= 1024:
         print(f"bench_engine_steps: --rounds {args.rounds} --repeats {args.repeats} --context {args.context}: "

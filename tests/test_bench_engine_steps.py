@@ -58,3 +58,16 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
     assert bench_engine_steps.main(argv) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_tree_of_either_layout_is_found_and_a_tree_of_neither_refused(tmp_path):
+    """Trees from before the package by stage keep the engine's steps in servingplan/serving/, later ones in
+    servingplan/profile/: a change measured across the move runs each tree's own modules."""
+    repo = Path(__file__).resolve().parent.parent
+    assert bench_engine_steps.tree_layout(repo)["kvpool"] == "servingplan.profile.kvpool"
+    old = tmp_path / "old"
+    (old / "servingplan" / "serving").mkdir(parents=True)
+    (old / "servingplan" / "serving" / "kvpool.py").write_text("")
+    assert bench_engine_steps.tree_layout(old) == bench_engine_steps.LAYOUTS["servingplan/serving/kvpool.py"]
+    assert bench_engine_steps.tree_layout(tmp_path) is None
+    assert bench_engine_steps.main(["--before", str(tmp_path), "--after", str(repo)]) == 2
