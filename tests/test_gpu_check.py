@@ -454,8 +454,11 @@ def test_a_gpu_target_without_its_own_overhead_pays_the_measured_host_time_and_s
         planned.append((config_entry, {"target": target, "here": test_hardware.HERE, "terms": rows},
                         {"price_per_hour": 1.0}))
     notes = [entry["carry_over"] for entry in planner.hardware_verdicts(planned)["targets"]]
+    # the host time travels in ms through the target's launch_overhead_ms and back to s: equal to the last bit
+    # only for some values (x * 1000 / 1000 need not round-trip in binary floating point)
     assert [(n["launch_overhead_source"], n["launch_overhead_s"]) for n in notes] == [
-        ("measured", summary["host_time_s"]), ("configured", 1e-3), ("default", hardware.DEFAULT_GPU_LAUNCH_OVERHEAD_MS / 1e3)]
+        ("measured", pytest.approx(summary["host_time_s"], rel=1e-12, abs=0)), ("configured", 1e-3),
+        ("default", hardware.DEFAULT_GPU_LAUNCH_OVERHEAD_MS / 1e3)]
     assert notes[0]["launch_overhead_basis"] == measured["launch_overhead_basis"] and not notes[0]["launch_overhead_configured"]
 
 
