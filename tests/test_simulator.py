@@ -97,6 +97,20 @@ def test_fast_forward_matches_step_by_step(trace, policy, cap, chunk, kv_blocks,
     assert (r.peak_running, r.peak_kv_blocks, r.peak_kv_tokens) == (peaks["running"], peaks["blocks"], peaks["tokens"])
 
 
+
+def test_llamacpp_fast_forward_stops_at_an_arrival_that_takes_an_idle_slot():
+    """llama-server tries a new request before those it deferred: here request 1 (241 tokens) does not fit
+    beside request 0 in 30 blocks, and defers the small ones behind it, while the one arriving at 0.26 s
+    takes the idle slot at once. A decode run of request 0 must stop at that arrival (hypothesis found the
+    fast-forward running past it: request 10 finished 0.15 s late and every token of request 0 after it early)."""
+    trace = make_trace([0.01] * 10 + [0.26], [197, 241] + [1] * 9, [29] + [1] * 10)
+    r = simulate(trace, GROWING, "llamacpp", 2, 16, kv_blocks=30, record_tokens=True)
+    expected, peaks = reference_replay(trace, GROWING, "llamacpp", 2, 16, 30)
+    assert r.completion_s[10] < r.completion_s[1]      # the late small request overtakes the deferred ones
+    for i in range(len(trace)):
+        assert r.token_times(i) == pytest.approx(np.array(expected[i]), rel=1e-12, abs=1e-9)
+    assert (r.peak_running, r.peak_kv_blocks, r.peak_kv_tokens) == (peaks["running"], peaks["blocks"], peaks["tokens"])
+
 def test_run_ends_at_the_last_completion():
     trace = make_trace([0.5, 0.6], [10, 10], [3, 4])
     r = simulate(trace, fixed_cost(decode_s=1.0, prefill_s=2.0), "continuous", 4)

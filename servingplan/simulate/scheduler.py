@@ -167,6 +167,16 @@ class Scheduler:
             return not self.running
         return len(self.running) < self.max_num_seqs and not self.waiting
 
+    def arrival_changes_plan(self) -> bool:
+        """Could a request arriving during a run of decode steps change a step of it, or the first after it?
+        (bounds the simulator's fast-forward). Under vLLM's FCFS policies only when admits_arrivals: a request
+        behind a blocked head, or with every slot taken, waits the same wherever it arrives in the run. Under
+        llama-server's (llamacpp) it can whenever a request runs: each iteration tries the requests that
+        arrived since the last before those it deferred, so a new request can take an idle slot that a
+        deferred one could not, and one deferred during the run re-enters the queue by the slots released,
+        not behind the others as one added after the run would."""
+        return True if self.policy == "llamacpp" else self.admits_arrivals()
+
     # -- planning ----------------------------------------------------------------------------------
     def schedule(self) -> Step:
         step = Step()

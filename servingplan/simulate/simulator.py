@@ -296,7 +296,7 @@ class Replica:
         if batch and not prefills:
             dd = self.cost.decode_per_ctx_token_s * batch
             limit = min([s.output_len - s.generated for s in decodes])
-            if math.isfinite(next_arrival) and sched.admits_arrivals():
+            if math.isfinite(next_arrival) and sched.arrival_changes_plan():
                 limit = min(limit, steps_to_reach(next_arrival - self.t, d0, dd))
             k = sched.repeatable(step, limit)
             if k > 1:
