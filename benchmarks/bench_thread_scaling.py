@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     from servingplan.io import write_json
     from servingplan.profile.kvpool import KVPool, configure_allocator, decode_step
     from servingplan.profile.machine import memory_bandwidth_gbs
-    from servingplan.profile.measure import decode_lengths
+    from servingplan.profile.measure import decode_lengths, time_call
     from servingplan.profile.model import RANDOM_SOURCE, load_model
     configure_allocator()
     model, _ = load_model(RANDOM_SOURCE, 0)
@@ -68,15 +68,11 @@ def main(argv=None) -> int:
     tokens = {batch: torch.randint(model.config.vocab_size, (batch, 1), generator=generator) for batch in args.batches}
 
     def decode_ms(batch: int) -> float:
+        # timed as the profile times its points: a warm-up call, then the median of TIMED_CALLS
         lengths = decode_lengths(batch, args.context)
         with torch.inference_mode():
-            decode_step(model, pool, lengths, tokens[batch])
-            times = []
-            for _ in range(TIMED_CALLS):
-                start = time.perf_counter()
-                decode_step(model, pool, lengths, tokens[batch])
-                times.append(time.perf_counter() - start)
-        return 1e3 * statistics.median(times)
+            timed = time_call(lambda: decode_step(model, pool, lengths, tokens[batch]), 1, TIMED_CALLS, 0.0)
+        return 1e3 * statistics.median(seconds for _, seconds, _ in timed)
 
     pairs = []
     began = time.perf_counter()

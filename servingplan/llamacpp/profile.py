@@ -58,7 +58,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from tqdm import tqdm
 
 from servingplan import roofline as work_model
@@ -66,9 +65,8 @@ from servingplan.llamacpp import build
 from servingplan.pipeline import terminal
 from servingplan.profile import machine
 from servingplan.profile.measure import (FLOAT32_BYTES, MAX_REMEASURE_ROUNDS, QUICK_PROFILE, GridPoint, Profile,
-                                         SpeedTracer, _point_row, build_grid, mark_disturbed, measurement_brackets,
-                                         normalise, reference_points, remeasure_summary, remeasure_until_settled,
-                                         speed_summary)
+                                         SpeedTracer, build_grid, reference_points, remeasure_summary,
+                                         remeasure_until_settled, settled_points, speed_summary)
 
 MEASURED_KINDS = ("prefill", "prefill_cached", "decode")
 CTX_MODE = "padded_max"
@@ -349,16 +347,7 @@ def run_llamacpp_profile(gguf, profile_cfg: dict, llamacpp_cfg: dict, seed: int,
     probe_readings.append(read_probes("end"))
     roofline = machine.peak_roofline(probe_readings)
 
-    all_samples = pd.DataFrame(sample_rows)
-    trace = mark_disturbed(tracer.frame())
-    brackets = measurement_brackets(all_samples[~all_samples["superseded"]], trace)
-    kept_next_to = set(brackets.loc[brackets["disturbed"], ["before", "after"]].to_numpy().ravel())
-    trace = trace.assign(in_band=~trace["disturbed"] | trace["reading"].isin(kept_next_to))
-    all_samples = normalise(all_samples, trace)
-    samples = all_samples[~all_samples["superseded"]]
-    points = pd.DataFrame([_point_row(point_id, point, samples[samples["point_id"] == point_id], arch, roofline,
-                                      all_samples[all_samples["point_id"] == point_id], rounds)
-                           for point_id, point in enumerate(grid)])
+    points, all_samples, trace, brackets = settled_points(sample_rows, tracer.frame(), grid, arch, roofline, rounds)
     kv_per_token = 2 * model_meta["n_layer"] * model_meta["n_embd"] * FLOAT32_BYTES
     meta = {
         "engine": "llamacpp",

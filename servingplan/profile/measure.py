@@ -530,17 +530,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     probe_readings.append(read_probes("end"))
     roofline = machine.peak_roofline(probe_readings)
 
-    all_samples = pd.DataFrame(sample_rows)
-    trace = mark_disturbed(tracer.frame())
-    brackets = measurement_brackets(all_samples[~all_samples["superseded"]], trace)
-    # a disturbed reading still next to a kept measurement (the budget ran out) stays in the speed band
-    kept_next_to = set(brackets.loc[brackets["disturbed"], ["before", "after"]].to_numpy().ravel())
-    trace = trace.assign(in_band=~trace["disturbed"] | trace["reading"].isin(kept_next_to))
-    all_samples = normalise(all_samples, trace)
-    samples = all_samples[~all_samples["superseded"]]
-    points = pd.DataFrame([_point_row(point_id, point, samples[samples["point_id"] == point_id], arch, roofline,
-                                      all_samples[all_samples["point_id"] == point_id], rounds)
-                           for point_id, point in enumerate(grid)])
+    points, all_samples, trace, brackets = settled_points(sample_rows, tracer.frame(), grid, arch, roofline, rounds)
     remeasure = remeasure_summary(plan, passes, trace, brackets, rounds, len(grid))
     expected_kv = 2 * model_meta["n_layer"] * model_meta["n_embd"] * FLOAT32_BYTES
     meta = {
@@ -570,6 +560,25 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
         "wall_time_s": time.perf_counter() - started,
     }
     return Profile(points, all_samples, meta)
+
+
+def settled_points(sample_rows: list[dict], trace: pd.DataFrame, grid: list[GridPoint], arch: dict, roofline: dict,
+                   planned_rounds: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """A finished profile's (points, every call normalised, speed trace, measurement brackets): the trace's
+    disturbed readings marked and its speed band chosen, every call normalised by it, and one row per grid
+    point over the calls no re-measurement superseded. The torch and the llama.cpp profilers both end here."""
+    all_samples = pd.DataFrame(sample_rows)
+    trace = mark_disturbed(trace)
+    brackets = measurement_brackets(all_samples[~all_samples["superseded"]], trace)
+    # a disturbed reading still next to a kept measurement (the budget ran out) stays in the speed band
+    kept_next_to = set(brackets.loc[brackets["disturbed"], ["before", "after"]].to_numpy().ravel())
+    trace = trace.assign(in_band=~trace["disturbed"] | trace["reading"].isin(kept_next_to))
+    all_samples = normalise(all_samples, trace)
+    samples = all_samples[~all_samples["superseded"]]
+    points = pd.DataFrame([_point_row(point_id, point, samples[samples["point_id"] == point_id], arch, roofline,
+                                      all_samples[all_samples["point_id"] == point_id], planned_rounds)
+                           for point_id, point in enumerate(grid)])
+    return points, all_samples, trace, brackets
 
 
 def remeasure_summary(plan: RemeasurePlan, passes: list, trace: pd.DataFrame, brackets: pd.DataFrame,
