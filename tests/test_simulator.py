@@ -97,7 +97,6 @@ def test_fast_forward_matches_step_by_step(trace, policy, cap, chunk, kv_blocks,
     assert (r.peak_running, r.peak_kv_blocks, r.peak_kv_tokens) == (peaks["running"], peaks["blocks"], peaks["tokens"])
 
 
-
 def test_llamacpp_fast_forward_stops_at_an_arrival_that_takes_an_idle_slot():
     """llama-server tries a new request before those it deferred: here request 1 (241 tokens) does not fit
     beside request 0 in 30 blocks, and defers the small ones behind it, while the one arriving at 0.26 s
@@ -110,6 +109,7 @@ def test_llamacpp_fast_forward_stops_at_an_arrival_that_takes_an_idle_slot():
     for i in range(len(trace)):
         assert r.token_times(i) == pytest.approx(np.array(expected[i]), rel=1e-12, abs=1e-9)
     assert (r.peak_running, r.peak_kv_blocks, r.peak_kv_tokens) == (peaks["running"], peaks["blocks"], peaks["tokens"])
+
 
 def test_run_ends_at_the_last_completion():
     trace = make_trace([0.5, 0.6], [10, 10], [3, 4])

@@ -175,7 +175,7 @@ class Scheduler:
         arrived since the last before those it deferred, so a new request can take an idle slot that a
         deferred one could not, and one deferred during the run re-enters the queue by the slots released,
         not behind the others as one added after the run would."""
-        return True if self.policy == "llamacpp" else self.admits_arrivals()
+        return self.policy == "llamacpp" or self.admits_arrivals()
 
     # -- planning ----------------------------------------------------------------------------------
     def schedule(self) -> Step:
