@@ -366,8 +366,8 @@ def config_probes_19(tmp: Path):
 
 
 def config_probes_since_19(tmp: Path):
-    """Keys added since issue 19's round, one case per good and bad value: hardware targets' kind and
-    launch_overhead_ms, workload.max_concurrency and workload.burstiness (with a trace file too), and
+    """Keys added since issue 19's round, one case per good and bad value: hardware targets' kind,
+    launch_overhead_ms and core_speedup, workload.max_concurrency and workload.burstiness (with a trace file too), and
     the cost model's meta keys the pipeline reads (speed_band, profiled_range) through costmodel.source."""
     gpu = next(i for i, target in enumerate(BASE["hardware"]) if target.get("kind") == "gpu")
     cpu = next(i for i, target in enumerate(BASE["hardware"]) if target.get("kind", "cpu") == "cpu")
@@ -382,6 +382,11 @@ def config_probes_since_19(tmp: Path):
     probes += [(f"hardware[{gpu}].launch_overhead_ms = {v!r}", at(("hardware", gpu, "launch_overhead_ms"), v), False)
                for v in (math.nan, math.inf, -math.inf, -1, -1e-9, 1000.5, 1e300, 10**13, "2.5",
                          True, None, [], {})]
+    probes += [(f"hardware[{cpu}].core_speedup = {v!r}", at(("hardware", cpu, "core_speedup"), v), True)
+               for v in (0.01, 0.5, 1, 3.7, 100)]
+    probes += [(f"hardware[{cpu}].core_speedup = {v!r}", at(("hardware", cpu, "core_speedup"), v), False)
+               for v in (math.nan, math.inf, -1, 0, 0.009, 100.5, 1e300, "2", True, None, [], {})]
+    probes += [(f"hardware[{gpu}].core_speedup on a gpu", at(("hardware", gpu, "core_speedup"), 2.0), False)]
     probes += [
         (f"hardware[{cpu}].launch_overhead_ms on a cpu", at(("hardware", cpu, "launch_overhead_ms"), 2.5), False),
         (f"hardware[{cpu}] kind cpu with launch_overhead_ms 0",

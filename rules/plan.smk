@@ -32,11 +32,12 @@ rule carry_over:
     params:
         model=config_keys(config["model"]),
         # the roofline and the kind of machine (a GPU's launch overhead, measured by config gpu_check's check
-        # where the target sets none, with its basis) alone: a target's description or price reaches its
-        # recommendation only
+        # where the target sets none, with its basis; a CPU's core speed-up) alone: a target's description or
+        # price reaches its recommendation only
         target=lambda wildcards: config_keys(
             with_measured_launch_overhead(HARDWARE[wildcards.machine], config.get("gpu_check")),
-            keep=("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms", "launch_overhead_basis")),
+            keep=("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms", "launch_overhead_basis",
+                  "core_speedup")),
     threads: 1
     resources:
         mem_mb=500,

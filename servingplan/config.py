@@ -312,6 +312,9 @@ def _check_hardware(targets: list[dict], costmodel: str) -> None:
         if target.get("launch_overhead_ms") is not None and target.get("kind", "cpu") != "gpu":
             raise ConfigError(f"config error: hardware[{i}].launch_overhead_ms = {target['launch_overhead_ms']!r}: "
                               "applies to kind gpu only (a CPU's host loop is in the terms measured here)")
+        if target.get("core_speedup") is not None and target.get("kind", "cpu") != "cpu":
+            raise ConfigError(f"config error: hardware[{i}].core_speedup = {target['core_speedup']!r}: applies to kind "
+                              "cpu only (a GPU's host time per call is its launch_overhead_ms)")
 
 
 def carry_over_check_skipped(config: dict) -> str | None:

@@ -7,7 +7,9 @@ import dataclasses
 
 import pytest
 
+from servingplan import architecture, roofline
 from servingplan.check import carry_check
+from servingplan.costmodel import CostModel
 from servingplan.plan.hardware import HERE, memory_for
 from servingplan.seeds import simulation_seeds
 from test_planner import FAST, MACHINE, small_config
@@ -33,9 +35,27 @@ PEAKS = (50_000.0, 5_000_000.0)
 MEASURED = dataclasses.replace(FAST, prefill_per_token_sq_s=1e-8, prefill_per_token_ctx_s=1e-8)
 
 
-def run_check(cost_one, machine_one):
+# rates at which a model held at its floors runs the small config's workload at a few requests per second
+RATES = (400.0, 800.0)
+
+
+def at_floors(bandwidth_gbs: float, gflops: float) -> CostModel:
+    """Every term at its roofline time on a machine of these rates, nothing above it."""
+    floors = roofline.term_floors(architecture.architecture(settings()["model"]), bandwidth_gbs, gflops)
+    return CostModel(**{term: seconds for term, (seconds, _) in floors.items()}, ctx_mode=MEASURED.ctx_mode,
+                     name="at its floors", meta=MEASURED.meta)
+
+
+def run_check(cost_one, machine_one, cost_here=MEASURED, machine_here=None):
     s = settings()
-    return carry_check.check(MEASURED, machine(2, *PEAKS), cost_one, machine_one, s.pop("model"), s)
+    return carry_check.check(cost_here, machine_here or machine(2, *PEAKS), cost_one, machine_one, s.pop("model"), s)
+
+
+def half_rates_at_floors(truth=None):
+    """The check of a model held at its floors here, carried to a target whose probes read half this
+    machine's, against `truth` (by default this machine's model: the target was as fast as here)."""
+    here = at_floors(*RATES)
+    return run_check(truth or here, machine(1, RATES[0] / 2, RATES[1] / 2), here, machine(2, *RATES))
 
 
 def test_a_target_with_this_machines_roofline_and_model_is_estimated_exactly():
@@ -52,9 +72,10 @@ def test_a_target_with_this_machines_roofline_and_model_is_estimated_exactly():
 
 
 def test_a_slower_target_whose_truth_is_faster_reads_as_a_pessimistic_estimate():
-    # the target's probes read half this machine's, so every carried term doubles, while the model
-    # measured there is this machine's: the estimate expects less capacity than was measured
-    result = run_check(MEASURED, machine(1, PEAKS[0] / 2, PEAKS[1] / 2))
+    # every term at its floor here and the target's probes read half this machine's, so every carried
+    # term doubles, while the model measured there is this machine's: the estimate expects less capacity
+    # than was measured
+    result = half_rates_at_floors()
     errors = [row["error"] for row in result["rows"]]
     assert all(e < -carry_check.GOAL for e in errors)
     assert result["summary"]["direction"] == "pessimistic" and result["summary"]["within_goal"] == 0
@@ -70,9 +91,10 @@ def test_the_summary_counts_the_goal_and_names_the_direction():
 
 
 def test_each_call_shows_the_ratio_the_probes_assumed_against_the_ratio_measured():
-    # the target's probes read half this machine's: every carried call takes twice as long (the assumed
-    # ratio 2); the truth there is this machine's model (measured ratio 1), so every call is 100% over
-    result = run_check(MEASURED, machine(1, PEAKS[0] / 2, PEAKS[1] / 2))
+    # every term at its floor and the target's probes read half this machine's: every carried call takes
+    # twice as long (the assumed ratio 2); the truth there is this machine's model (measured ratio 1), so
+    # every call is 100% over
+    result = half_rates_at_floors()
     calls = result["calls"]
     assert [(c["kind"], c["size"]) for c in calls] == (
         [("decode", b) for b in carry_check.CALL_BATCHES] + [("prefill", n) for n in carry_check.CALL_PROMPTS])
@@ -93,3 +115,12 @@ def test_the_worst_call_is_the_one_the_carry_over_missed_most():
     assert (worst["kind"], worst["size"]) == ("prefill", max(carry_check.CALL_PROMPTS))
     assert worst["error"] < 0 and worst["ratio_assumed"] == pytest.approx(1.0)
     assert all(call["error"] == pytest.approx(0.0) for call in result["calls"] if call["kind"] == "decode")
+
+
+def test_time_above_the_floor_is_carried_to_the_1_thread_target_as_it_was():
+    # every term far above its floor (the peaks dwarf the work): halving the probes adds only each call's
+    # floor once more, under 1% of its time here (keeping the terms' efficiency would double it), as a
+    # 1-thread machine whose calls are host-bound measures it
+    result = run_check(MEASURED, machine(1, PEAKS[0] / 2, PEAKS[1] / 2))
+    for call in result["calls"]:
+        assert 1.0 < call["ratio_assumed"] < 1.01 and 0.0 < call["error"] < 0.01

@@ -37,17 +37,53 @@ COST = CostModel(decode_fixed_s=5e-3, decode_per_seq_s=3e-3, decode_per_ctx_toke
                  decode_batch_fixed_s=((1, 7e-3), (4, 1.3e-2), (32, 9e-2)))
 
 
-def carried(target: dict) -> tuple[CostModel, dict]:
-    model, terms = hardware.carry_over(COST, GPT2, HERE, {"name": "target", **target})
+# a GPU that pays no launch overhead: every term keeps its efficiency, with nothing else in the way
+EFFICIENCY = {"kind": "gpu", "launch_overhead_ms": 0.0}
+
+
+def carried(target: dict, cost: CostModel = COST) -> tuple[CostModel, dict]:
+    model, terms = hardware.carry_over(cost, GPT2, HERE, {"name": "target", **target})
     return model, {(t["term"], t["batch"]): t for t in terms}
 
 
-def test_a_target_identical_to_this_machine_gives_back_the_same_model():
-    model, terms = carried({"bandwidth_gbs": 100.0, "gflops": 100.0})
-    assert dataclasses.replace(model, name=COST.name, source=COST.source) == COST
+def model_terms(model: CostModel) -> dict:
+    return {**{term: getattr(model, term) for term in roofline.TERMS}, **dict(model.decode_batch_fixed_s)}
+
+
+@pytest.mark.parametrize("kind", [{}, EFFICIENCY])
+def test_a_target_identical_to_this_machine_gives_back_the_same_model(kind):
+    model, terms = carried({"bandwidth_gbs": 100.0, "gflops": 100.0, **kind})
+    assert model_terms(model) == pytest.approx(model_terms(COST), rel=1e-12)
     assert {k: v for k, v in model.meta.items() if k != "carry_over"} == COST.meta
     assert {t["scale"] for t in terms.values()} == {1.0}
     assert not any(t["clamped"] for t in terms.values()) and model.meta["carry_over"]["clamped_terms"] == []
+
+
+def test_a_cpu_target_scales_each_terms_roofline_time_and_carries_the_time_above_it():
+    """The rule the 1-thread check measured: on a CPU, a term's time above its floor here (host loop,
+    kernels short of their peak) does not shrink with more bandwidth or FLOPs, only with faster cores."""
+    for target in ({"bandwidth_gbs": 40.0, "gflops": 55.0}, {"bandwidth_gbs": 400.0, "gflops": 800.0}):
+        for speedup in (None, 0.5, 2.0):
+            entry = {**target, **({"core_speedup": speedup} if speedup else {})}
+            model, terms = carried(entry)
+            for (term, batch), row in terms.items():
+                here_floor = roofline.floor(roofline.batch_work(GPT2, batch) if batch else roofline.term_work(GPT2)[term],
+                                            100.0, 100.0)[0]
+                expected = row["roofline_target_s"] + (row["seconds_here"] - here_floor) / (speedup or 1.0)
+                assert row["rule"] == "roofline share" and row["above_floor_here_s"] == pytest.approx(row["seconds_here"] - here_floor)
+                assert row["seconds_target"] == pytest.approx(max(expected, row["roofline_target_s"]), rel=1e-12)
+                assert row["ratio"] == pytest.approx(row["seconds_target"] / row["seconds_here"], rel=1e-12)
+            notes = model.meta["carry_over"]
+            assert notes["rule"] == "roofline share" and notes["core_speedup"] == (speedup or 1.0)
+            assert notes["core_speedup_configured"] == (speedup is not None)
+    # a batch-1 step four times its floor here: four times the bandwidth takes off a quarter of its floor only
+    model, terms = carried({"bandwidth_gbs": 400.0, "gflops": 400.0})
+    row = terms[("decode_batch_fixed_s", 1)]
+    assert row["bound_here"] == row["bound_target"] == "memory"
+    assert row["seconds_target"] == pytest.approx(7e-3 - 0.75 * row["roofline_here_s"], rel=1e-12)
+    # a GPU target of the same rates keeps the term's efficiency: a quarter of its time
+    assert carried({"bandwidth_gbs": 400.0, "gflops": 400.0, **EFFICIENCY})[1][("decode_batch_fixed_s", 1)][
+        "seconds_target"] == pytest.approx(7e-3 / 4, rel=1e-12)
 
 
 def test_the_carry_over_scales_from_the_median_probe_reading_not_from_one_quiet_minutes_peak():
@@ -62,7 +98,7 @@ def test_the_carry_over_scales_from_the_median_probe_reading_not_from_one_quiet_
     here = hardware.here_roofline({"roofline": peak})
     assert (here["bandwidth_gbs"], here["gflops"], here["readings"]) == (100.0, 100.0, 5)
     assert (here["peak_bandwidth_gbs"], here["peak_gflops"]) == (200.0, 103.0)
-    twice = {"name": "twice", "bandwidth_gbs": 200.0, "gflops": 200.0}
+    twice = {"name": "twice", "bandwidth_gbs": 200.0, "gflops": 200.0, **EFFICIENCY}
     from_here = hardware.carry_over(COST, GPT2, here, twice)[0]
     assert from_here == hardware.carry_over(COST, GPT2, HERE, twice)[0]
     assert from_here.decode_fixed_s == pytest.approx(COST.decode_fixed_s / 2, rel=1e-12)
@@ -74,7 +110,7 @@ def test_the_carry_over_scales_from_the_median_probe_reading_not_from_one_quiet_
 def test_a_memory_bound_term_scales_with_bandwidth_alone():
     # from 200 GFLOP/s up the target does the attention's 0.5 FLOP per KV byte faster than it reads them
     for gflops in (200.0, 1000.0, 50000.0):
-        model, terms = carried({"bandwidth_gbs": 400.0, "gflops": gflops})
+        model, terms = carried({"bandwidth_gbs": 400.0, "gflops": gflops, **EFFICIENCY})
         # the weights streamed once per call: no FLOPs at all
         assert terms[("decode_fixed_s", None)]["bound_target"] == "memory"
         assert model.decode_fixed_s == pytest.approx(COST.decode_fixed_s / 4, rel=1e-12)
@@ -87,7 +123,7 @@ def test_a_memory_bound_term_scales_with_bandwidth_alone():
 
 def test_a_compute_bound_term_scales_with_the_float32_rate_alone():
     for bandwidth in (100.0, 900.0, 3000.0):
-        model, terms = carried({"bandwidth_gbs": bandwidth, "gflops": 800.0})
+        model, terms = carried({"bandwidth_gbs": bandwidth, "gflops": 800.0, **EFFICIENCY})
         assert terms[("prefill_per_token_s", None)]["bound_here"] == "compute"
         assert terms[("prefill_per_token_s", None)]["bound_target"] == "compute"
         assert model.prefill_per_token_s == pytest.approx(COST.prefill_per_token_s / 8, rel=1e-12)
@@ -98,7 +134,7 @@ def test_a_compute_bound_term_scales_with_the_float32_rate_alone():
 def test_each_batch_of_the_decode_table_is_scaled_by_its_own_bound():
     # 1.5x the bandwidth, the same FLOP rate: batch 1, still bound by its weight read, gets 1.5x faster;
     # a large batch, bound by its products, not at all
-    model, terms = carried({"bandwidth_gbs": 150.0, "gflops": 100.0})
+    model, terms = carried({"bandwidth_gbs": 150.0, "gflops": 100.0, **EFFICIENCY})
     assert terms[("decode_batch_fixed_s", 1)]["bound_here"] == terms[("decode_batch_fixed_s", 1)]["bound_target"] == "memory"
     assert terms[("decode_batch_fixed_s", 32)]["bound_here"] == "compute"
     table = dict(model.decode_batch_fixed_s)
@@ -112,7 +148,7 @@ def test_each_batch_of_the_decode_table_is_scaled_by_its_own_bound():
 def test_a_term_changing_bound_scales_by_the_ratio_of_the_two_roofline_times():
     # 20x the FLOP rate, the same bandwidth: batch 32 was compute-bound and becomes memory-bound, so it
     # gains less than the FLOP rate alone would say
-    model, terms = carried({"bandwidth_gbs": 100.0, "gflops": 2000.0})
+    model, terms = carried({"bandwidth_gbs": 100.0, "gflops": 2000.0, **EFFICIENCY})
     term = terms[("decode_batch_fixed_s", 32)]
     work = roofline.batch_work(GPT2, 32)
     assert (term["bound_here"], term["bound_target"]) == ("compute", "memory")
@@ -122,7 +158,8 @@ def test_a_term_changing_bound_scales_by_the_ratio_of_the_two_roofline_times():
 
 
 TARGETS = [{"bandwidth_gbs": bw, "gflops": gf, **extra} for bw in (0.5, 100.0, 320.0, 3000.0)
-           for gf in (1.0, 100.0, 8100.0) for extra in ({}, {"kind": "gpu"}, {"kind": "gpu", "launch_overhead_ms": 0.2})]
+           for gf in (1.0, 100.0, 8100.0) for extra in ({}, {"core_speedup": 0.05}, {"core_speedup": 50.0},
+                                                      {"kind": "gpu"}, {"kind": "gpu", "launch_overhead_ms": 0.2})]
 
 
 @pytest.mark.parametrize("cost", [COST, dataclasses.replace(COST, decode_per_seq_s=1e-5, prefill_per_token_s=1e-6,
@@ -215,6 +252,13 @@ def default_config() -> dict:
     (lambda t: t[1].update(launch_overhead_ms=-1), "config error: hardware[1].launch_overhead_ms = -1: must be >= 0"),
     (lambda t: t[0].update(launch_overhead_ms=2.0), "config error: hardware[0].launch_overhead_ms = 2.0: applies to "
                                                     "kind gpu only (a CPU's host loop is in the terms measured here)"),
+    (lambda t: t[1].update(core_speedup=2.0), "config error: hardware[1].core_speedup = 2.0: applies to kind cpu only "
+                                              "(a GPU's host time per call is its launch_overhead_ms)"),
+    (lambda t: t[0].update(core_speedup=0), "config error: hardware[0].core_speedup = 0: must be >= 0.01"),
+    (lambda t: t[0].update(core_speedup=float("inf")), "config error: hardware[0].core_speedup = inf: must be a "
+                                                       "finite number"),
+    (lambda t: t[0].update(core_speedup="fast"), "config error: hardware[0].core_speedup = 'fast': must be of type "
+                                                 "number"),
 ])
 def test_a_bad_target_gets_one_clear_config_error(change, message):
     config = default_config()
@@ -269,7 +313,8 @@ def plan_target(cost: CostModel, machine: dict, config: dict, target: dict, cell
     """A target as the pipeline plans it: the carried-over model (rule carry_over), then the same cells
     and recommendation as this machine's; (its recommendation, its carry_over.json)."""
     here = hardware.here_roofline(machine)
-    roofline = {k: target[k] for k in ("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms") if k in target}
+    roofline = {k: target[k] for k in ("name", "bandwidth_gbs", "gflops", "kind", "launch_overhead_ms", "core_speedup")
+                if k in target}
     carried, terms = hardware.carry_over(cost, architecture.architecture(config["model"]), here, roofline)
     label = {"machine": target["name"], "display_name": target.get("description") or target["name"], "measured": False}
     return (plan_machine(carried, machine, config, cells, seeds, label, target.get("price_per_hour"), target),
@@ -419,7 +464,8 @@ def test_hardware_verdicts_state_each_targets_launch_overhead_clamps_and_omissio
     default = hardware.DEFAULT_GPU_LAUNCH_OVERHEAD_MS / 1000
     assert gpu["target_kind"] == "gpu" and gpu["launch_overhead_s"] == default
     assert gpu["launch_overhead_basis"] == hardware.LAUNCH_OVERHEAD_BASIS and not gpu["launch_overhead_configured"]
-    assert gpu["leaves_out"] == list(hardware.CARRY_OVER_LEAVES_OUT)
+    assert gpu["leaves_out"] == list(hardware.CARRY_OVER_LEAVES_OUT["gpu"])
+    assert gpu["rule"] == "efficiency" and gpu["core_speedup"] is None
     clamped = {entry["term"]: entry for entry in gpu["clamped"]}
     assert clamped["decode_fixed_s"] == {"term": "decode_fixed_s", "clamped_to": "launch overhead", "batches": [],
                                          "floor_s": [default, default]}
@@ -427,6 +473,8 @@ def test_hardware_verdicts_state_each_targets_launch_overhead_clamps_and_omissio
                                                           if b in clamped["decode_batch_fixed_s"]["batches"]]
     assert clamped["decode_batch_fixed_s"]["batches"]
     assert cpu["target_kind"] == "cpu" and cpu["launch_overhead_s"] == 0.0 and cpu["launch_overhead_basis"] is None
+    assert cpu["rule"] == "roofline share" and cpu["core_speedup"] == 1.0 and not cpu["core_speedup_configured"]
+    assert cpu["leaves_out"] == list(hardware.CARRY_OVER_LEAVES_OUT["cpu"])
 
 
 def test_a_gpu_targets_launch_overhead_clamps_and_omissions_appear_in_its_section(hardware_report):
@@ -446,7 +494,7 @@ def test_a_gpu_targets_launch_overhead_clamps_and_omissions_appear_in_its_sectio
     assert ", to the launch overhead of 1 ms" in gpu_part
     assert "yes, to the launch overhead |" in hardware_report["md"]
     assert "No carried-over term falls below the target's own floor" in cpu_part
-    for part in (gpu_part, cpu_part):
+    for part, kind in ((gpu_part, "gpu"), (cpu_part, "cpu")):
         assert "The estimate leaves out:" in part
-        for omitted in hardware.CARRY_OVER_LEAVES_OUT:
+        for omitted in hardware.CARRY_OVER_LEAVES_OUT[kind]:
             assert f"- {omitted}" in part

@@ -11,8 +11,9 @@ The errors are estimate / measured - 1 per (criterion, cell): negative, the esti
 
 Why a cell misses shows in the calls it is made of (`calls`): a decode step at each batch size and a
 prefill of a short and a long prompt, each timed by the model fitted here, the carried-over model and
-the 1-thread model. The carried call's ratio to this machine's is what the probes' ratio assumed; the
-1-thread model's ratio is what the machine did. Calls, not terms, are compared: the two fits may pick
+the 1-thread model. The carried call's ratio to this machine's is what the carry-over assumed (a CPU
+target's rule: the floors scaled by the probes, the time above them kept); the 1-thread model's ratio is
+what the machine did. Calls, not terms, are compared: the two fits may pick
 different model forms (a per-batch table or the line, a squared prefill term or none), so one term
 alone need not mean the same thing in both.
 """

@@ -4,17 +4,31 @@ Every term of the cost model (servingplan.costmodel) is the time of some work: a
 weight read, one sequence's matrix products, one cached token's attention, and so on. The bytes it
 moves and the FLOPs it does come from servingplan.roofline, the one work model the profiler and the
 fit use too. Its roofline time (floor) on a machine is max(bytes / bandwidth, FLOPs / float32 rate).
-A term is carried over to a target machine by the ratio of its floor there to its floor here, which
-keeps the share of the roofline the term reached here (its efficiency) unchanged:
+A term's time here is its floor here plus the time it took above it. How that excess travels depends
+on the target's kind (CARRY_RULES):
 
-    term_target = max(term_here * floor_target / floor_here, floor_target)
+    cpu:  term_target = max(floor_target + (term_here - floor_here) / core_speedup, floor_target)
+    gpu:  term_target = max(term_here * floor_target / floor_here, floor_target, launch overhead)
+
+On a CPU target only the roofline share of a term moves with the target's bandwidth and FLOP rate; the
+time above the floor (the Python loop, the dispatcher, kernels that fall short of the probes: a batch-1
+decode step here runs at a third of its floor's bandwidth) is carried as it was, divided by the
+target's `core_speedup` (how much faster one of its cores runs this machine's host work; default 1,
+as fast as here). The carry-over check measures that rule: this machine at 1 thread reads 1.5 times
+less bandwidth and 1.8 times less FLOP rate, yet its batch-1 to batch-8 decode steps took 0.98 to 1.06
+times as long as at 2 threads; keeping each term's efficiency instead put them 38 to 49% too slow, and
+6 of 18 capacity cells within 15% against 16 of 18 with this rule (docs/benchmarks.md).
+
+On a GPU target that excess is not host time carried over: the host's share is the launch overhead
+below, paid per model call, and the kernels are assumed to reach the same share of the target's
+roofline as this machine's reached of its probes (the term keeps its efficiency). A GPU check
+(servingplan.gpu_check) measures both on a real GPU.
 
 Here's floor uses the rates the profiled calls ran at: the median of the probe readings taken through
 the profile (machine.json roofline.seen), not their peak. On this shared machine two cores drew 31 to
 64 GB/s of bandwidth from one reading to the next while one core drew 28 to 34; the profiled times are
 medians over rounds, so they ran at the typical reading. Scaled from the peak, a profile that caught
-one quiet minute would carry its calls over as if they had used twice the bandwidth they saw: the
-1-thread check (servingplan.check.carry_check) then missed by up to 94% per call, against 13% from the median.
+one quiet minute would carry its calls over as if they had used twice the bandwidth they saw.
 
 The max is the target's own floor: a term fitted faster than this machine's floor (an imported model,
 or probes read differently) would otherwise carry its impossible speed over; each row records
@@ -22,12 +36,11 @@ whether it was clamped. A GPU target (`kind: gpu`) also pays the host's time per
 roofline sees: eager PyTorch launches each of a forward pass's kernels from Python, one after another
 (LAUNCH_OVERHEAD_BASIS). A decode step or prefill call there never takes less than
 `launch_overhead_ms`, so its fixed terms (and each decode-batch table value) are floored at it too.
-A GPU check (servingplan.gpu_check) measures that host time on a real GPU; with config gpu_check, a
-GPU target that sets no launch_overhead_ms of its own pays the measured one, and says so
-(launch_overhead_origin).
+A GPU check measures that host time; with config gpu_check, a GPU target that sets no
+launch_overhead_ms of its own pays the measured one, and says so (launch_overhead_origin).
 
-The result is an estimate from the roofline, not a measurement: it assumes the target's kernels reach
-the same share of its peak as this machine's reached of its probes (CARRY_OVER_LEAVES_OUT).
+The result is an estimate from the roofline, not a measurement (CARRY_OVER_LEAVES_OUT says what it
+leaves out, by kind).
 
 `carry_over` is pure; the pipeline's rule carry_over writes a target's model, and the planner's cells
 run on it as on this machine's (rules/simulate.smk, rules/plan.smk, machine wildcard).
@@ -52,16 +65,31 @@ MACHINE_KINDS = ("cpu", "gpu")
 DEFAULT_GPU_LAUNCH_OVERHEAD_MS = 2.5
 LAUNCH_OVERHEAD_BASIS = ("about 250 kernels per GPT-2 small forward pass in eager PyTorch, about 10 µs of host "
                          "time each (Python, dispatcher, CUDA launch)")
-CARRY_OVER_LEAVES_OUT = (
-    "the target's kernels reaching a different share of its peak than this machine's did of its probes",
-    "the host CPU of the target, its Python loop and scheduler beyond the stated launch overhead",
-    "transfers between host and device (token ids in, logits out) and their synchronisation",
-    "kernel fusion, CUDA graphs or other engines that change the work per call",
-)
+# How each kind carries a term's time above its floor here (see the module docstring).
+CARRY_RULES = {"cpu": "roofline share", "gpu": "efficiency"}
+# The default core_speedup of a CPU target: its cores run this machine's host work as fast as these.
+DEFAULT_CORE_SPEEDUP = 1.0
+CARRY_OVER_LEAVES_OUT = {
+    "cpu": ("the target's roofline share reached at another share of its peak than this machine's of its probes",
+            "the target's cores running the time above the floor (the Python loop, the dispatcher, kernels short "
+            "of their peak) other than its stated core speed-up",
+            "caches, vector units and thread counts that change how much of that time more cores take off"),
+    "gpu": ("the target's kernels reaching a different share of its peak than this machine's did of its probes",
+            "the host CPU of the target, its Python loop and scheduler beyond the stated launch overhead",
+            "transfers between host and device (token ids in, logits out) and their synchronisation",
+            "kernel fusion, CUDA graphs or other engines that change the work per call"),
+}
 
 
 def machine_kind(target: dict) -> str:
     return target.get("kind", "cpu")
+
+
+def core_speedup(target: dict) -> float:
+    """How many times faster one core of a CPU `target` runs this machine's time above the floor: its
+    core_speedup, else DEFAULT_CORE_SPEEDUP (the config refuses the key on a GPU target)."""
+    given = target.get("core_speedup")
+    return DEFAULT_CORE_SPEEDUP if given is None else float(given)
 
 
 def launch_overhead_s(target: dict) -> float:
@@ -99,17 +127,23 @@ def _carry(name: str, seconds: float, work: roofline.Work, here: dict, target: d
     overhead = launch_overhead_s(target) if name in PER_CALL_TERMS else 0.0
     source, basis = launch_overhead_origin(target) if overhead else (None, None)
     floor_target = max(target_s, overhead)
-    scaled = seconds * scale
+    rule = CARRY_RULES[machine_kind(target)]
+    above_floor = seconds - here_s
+    if rule == "roofline share":
+        scaled = target_s + above_floor / core_speedup(target)
+    else:
+        scaled = seconds * scale
     # a term the fit held at this machine's floor scales to the target's floor up to rounding: not a clamp
     clamped = scaled < floor_target * (1 - ROUNDING)
     clamped_to = ("launch overhead" if overhead > target_s else "roofline") if clamped else None
     return {"term": name, "batch": batch, "bytes": work.bytes, "flops": work.flops,
             "bound_here": here_bound, "bound_target": target_bound,
-            "roofline_here_s": here_s, "roofline_target_s": target_s, "scale": scale,
-            "efficiency_here": here_s / seconds if seconds > 0 else None,
+            "roofline_here_s": here_s, "roofline_target_s": target_s, "scale": scale, "rule": rule,
+            "efficiency_here": here_s / seconds if seconds > 0 else None, "above_floor_here_s": above_floor,
             "launch_overhead_s": overhead, "launch_overhead_source": source, "launch_overhead_basis": basis,
             "floor_target_s": floor_target,
             "seconds_here": seconds, "seconds_scaled": scaled, "seconds_target": max(scaled, floor_target),
+            "ratio": max(scaled, floor_target) / seconds if seconds > 0 else None,
             "clamped": clamped_to is not None, "clamped_to": clamped_to}
 
 
@@ -140,12 +174,16 @@ def carry_over_notes(target: dict, rows: list[dict]) -> dict:
     entry with a GPU check's measured host time filled in (launch_overhead_origin), which the entry a later
     caller holds (the planner's) does not state."""
     per_call = next(row for row in rows if row["term"] in PER_CALL_TERMS)
-    return {"target_kind": machine_kind(target), "launch_overhead_s": per_call["launch_overhead_s"],
+    kind = machine_kind(target)
+    return {"target_kind": kind, "rule": CARRY_RULES[kind],
+            "core_speedup": core_speedup(target) if kind == "cpu" else None,
+            "core_speedup_configured": target.get("core_speedup") is not None,
+            "launch_overhead_s": per_call["launch_overhead_s"],
             "launch_overhead_source": per_call["launch_overhead_source"],
             "launch_overhead_basis": per_call["launch_overhead_basis"],
             "clamped_terms": [row["term"] if row["batch"] is None else f"{row['term']}[{row['batch']}]"
                               for row in rows if row["clamped"]],
-            "leaves_out": list(CARRY_OVER_LEAVES_OUT)}
+            "leaves_out": list(CARRY_OVER_LEAVES_OUT[kind])}
 
 
 def here_roofline(machine: dict) -> dict:
