@@ -15,7 +15,7 @@ import yaml
 
 from servingplan import architecture
 from servingplan.memory import GB, largest_cap, reserved_tokens_per_seq
-from servingplan.plan.hardware import HERE
+from servingplan.plan.hardware import HERE, machine_kind
 from servingplan.profile.machine import resolve_threads
 from servingplan.simulate.policies import CHUNK_BUDGETS, POLICIES, chunk_budget, chunks
 
@@ -309,10 +309,10 @@ def _check_hardware(targets: list[dict], costmodel: str) -> None:
             raise ConfigError(f"config error: hardware[{i}].name = {target['name']!r}: must differ from every other "
                               "target's name")
         seen.add(target["name"])
-        if target.get("launch_overhead_ms") is not None and target.get("kind", "cpu") != "gpu":
+        if target.get("launch_overhead_ms") is not None and machine_kind(target) != "gpu":
             raise ConfigError(f"config error: hardware[{i}].launch_overhead_ms = {target['launch_overhead_ms']!r}: "
                               "applies to kind gpu only (a CPU's host loop is in the terms measured here)")
-        if target.get("core_speedup") is not None and target.get("kind", "cpu") != "cpu":
+        if target.get("core_speedup") is not None and machine_kind(target) != "cpu":
             raise ConfigError(f"config error: hardware[{i}].core_speedup = {target['core_speedup']!r}: applies to kind "
                               "cpu only (a GPU's host time per call is its launch_overhead_ms)")
 

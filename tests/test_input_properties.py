@@ -753,13 +753,13 @@ TARGET_SCHEMA = CONFIG_SCHEMA["properties"]["hardware"]["items"]
 
 @st.composite
 def hardware_targets(draw):
-    """0 to 9 targets, each valid but for a kind, launch_overhead_ms and kv_memory drawn from the schema's
-    allowed values and hostile ones, present or absent, in any combination."""
+    """0 to 9 targets, each valid but for a kind, launch_overhead_ms, core_speedup and kv_memory drawn from
+    the schema's allowed values and hostile ones, present or absent, in any combination."""
     targets = []
     for i in range(draw(st.integers(0, 9))):
         target = {"name": f"t{i}", "bandwidth_gbs": draw(st.sampled_from([0.1, 320.0, 100000])),
                   "gflops": draw(st.sampled_from([0.1, 8100.0, 10000000]))}
-        for key in ("kind", "launch_overhead_ms", "kv_memory"):
+        for key in ("kind", "launch_overhead_ms", "core_speedup", "kv_memory"):
             if draw(st.booleans()):
                 target[key] = draw(values_for(TARGET_SCHEMA["properties"][key]))
         targets.append(target)
@@ -785,6 +785,9 @@ def test_hardware_kind_and_launch_overhead_are_refused_in_one_line_or_carry_over
             overhead = hardware.launch_overhead_s(target)
             assert math.isfinite(overhead) and overhead >= 0
             assert target.get("kind", "cpu") == "gpu" or overhead == 0
+            speedup = hardware.core_speedup(target)
+            assert math.isfinite(speedup) and 0.01 <= speedup <= 100
+            assert target.get("kind", "cpu") == "cpu" or "core_speedup" not in target
             for row in rows:
                 assert math.isfinite(row["seconds_target"]) and row["seconds_target"] >= row["floor_target_s"] >= 0
             assert model.decode_fixed_s >= overhead and model.prefill_fixed_s >= overhead

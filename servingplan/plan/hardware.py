@@ -133,6 +133,7 @@ def _carry(name: str, seconds: float, work: roofline.Work, here: dict, target: d
         scaled = target_s + above_floor / core_speedup(target)
     else:
         scaled = seconds * scale
+    carried = max(scaled, floor_target)
     # a term the fit held at this machine's floor scales to the target's floor up to rounding: not a clamp
     clamped = scaled < floor_target * (1 - ROUNDING)
     clamped_to = ("launch overhead" if overhead > target_s else "roofline") if clamped else None
@@ -142,8 +143,8 @@ def _carry(name: str, seconds: float, work: roofline.Work, here: dict, target: d
             "efficiency_here": here_s / seconds if seconds > 0 else None, "above_floor_here_s": above_floor,
             "launch_overhead_s": overhead, "launch_overhead_source": source, "launch_overhead_basis": basis,
             "floor_target_s": floor_target,
-            "seconds_here": seconds, "seconds_scaled": scaled, "seconds_target": max(scaled, floor_target),
-            "ratio": max(scaled, floor_target) / seconds if seconds > 0 else None,
+            "seconds_here": seconds, "seconds_scaled": scaled, "seconds_target": carried,
+            "ratio": carried / seconds if seconds > 0 else None,
             "clamped": clamped_to is not None, "clamped_to": clamped_to}
 
 
