@@ -24,7 +24,7 @@ rule profile_one_thread:
         samples=f"{CHECK_DIR}/samples.csv",
         machine=f"{CHECK_DIR}/machine.json",
     params:
-        # the profile's grid thinned, in fewer rounds (servingplan/profile/grid.py)
+        # the profile's grid thinned, in fewer rounds, without warm-up calls (servingplan/profile/grid.py)
         profile=canonical(check_profile(config["profile"])),
         model=config["model"],
         seed=config["seed"],

@@ -3,15 +3,25 @@
 The check needs a step-time model of this machine at 1 thread good enough to search capacities with,
 not the profile's full resolution: its points take about twice as long at 1 thread, and the whole grid
 in four rounds would add about nine minutes to a run whose measurements must run alone. So the check
-profiles a spread of the profile's own shapes (thinned), every endpoint and the speed references kept (the peak
-probes' shapes depend on the largest decode batch and prompt, and a thinned grid must keep them), in
-CHECK_ROUNDS rounds; points whose rounds disagree still get extra rounds (measure.remeasure_until_settled).
-The fit then has the same terms to find, at the same ends of every axis. Two kinds of point the check
-leaves out, since no carried term reads them: batched prefill (informative only: the engine prefills one
-sequence per call, and the fit fits no term to it), and of the cached-prefill points all but those of the
-shortest chunk, whose cached depths still span the profile's (the cached-context term is the only one
-they add to the uncached prompts, and one chunk length at every depth identifies it). At 1 thread those
-points were about a third of the check's calls by time. Imports nothing heavy: the Snakefile calls it
+profiles a spread of the profile's own shapes (thinned), every endpoint kept (the peak probes' shapes
+depend on the largest decode batch and prompt, and a thinned grid must keep them), in CHECK_ROUNDS
+rounds; points whose rounds disagree still get extra rounds (measure.remeasure_until_settled), within
+CHECK_REMEASURE_ROUNDS grid-sizes of measurements. The fit then has the same terms to find, at the same
+ends of every axis: five prompt lengths (the fit holds one out and fits three uncached terms to the
+rest), six decode batches (the per-batch table) and two decode contexts (the per-token term is linear in
+the context, and the truth is read between them). What the check leaves out, since no carried term
+reads it: batched prefill (informative only: the engine prefills one sequence per call, and the fit fits
+no term to it), and of the cached-prefill points all but those of the shortest chunk, whose cached
+depths still span the profile's (the cached-context term is the only one they add to the uncached
+prompts, and one chunk length at every depth identifies it).
+
+Two costs the check sheds that the profile keeps, each measured (docs/benchmarks.md): the untimed
+warm-up call before each point's timed calls (at 1 thread, over 52 (point, round) sets, the median of
+the first three calls was the median of the three after them: ratio 1.000; only a shape's very first
+call ran slow, which a median of three leaves out), and a prefill reference of the profile's 256 tokens
+(0.63 s a call at 1 thread, a fifth of the check's time in speed readings): the check's prefill
+reference is CHECK_REFERENCE_PREFILL tokens, or the profile's if shorter. The references need not be
+grid points: they trace the speed, they are not fitted. Imports nothing heavy: the Snakefile calls it
 while parsing.
 """
 from __future__ import annotations
@@ -19,10 +29,14 @@ from __future__ import annotations
 import math
 
 # at most this many values per axis of the check's grid
-CHECK_PREFILL_LENGTHS = 6
+CHECK_PREFILL_LENGTHS = 5
 CHECK_DECODE_BATCHES = 6
-CHECK_DECODE_CONTEXTS = 3
+CHECK_DECODE_CONTEXTS = 2
 CHECK_ROUNDS = 2
+CHECK_WARMUP = 0
+CHECK_REFERENCE_PREFILL = 64
+# re-measurement may add at most this many grid-sizes of measurements (the profile's: 2)
+CHECK_REMEASURE_ROUNDS = 1
 # (chunk tokens, tokens of the same prompt already cached) of the profile's cached-prefill points, unless
 # its config names them (profile.cached_prefill): enough spread in chunk x cached to fit the cached-context term
 CACHED_PREFILL_POINTS = ((128, 256), (256, 256), (128, 512), (256, 512))
@@ -51,9 +65,10 @@ def shortest_chunk_points(points) -> list[list[int]]:
 def check_profile(profile: dict) -> dict:
     """The 1-thread check's profile settings: `profile` at 1 thread, over its grid thinned (see the module
     docstring), in at most CHECK_ROUNDS rounds."""
-    batch, context = profile["reference_decode"]
-    return {**profile, "threads": 1, "rounds": min(int(profile["rounds"]), CHECK_ROUNDS), "prefill_batches": [],
+    return {**profile, "threads": 1, "rounds": min(int(profile["rounds"]), CHECK_ROUNDS),
+            "warmup": min(int(profile["warmup"]), CHECK_WARMUP), "remeasure_rounds": CHECK_REMEASURE_ROUNDS,
+            "reference_prefill": min(int(profile["reference_prefill"]), CHECK_REFERENCE_PREFILL), "prefill_batches": [],
             "cached_prefill": shortest_chunk_points(profile.get("cached_prefill", CACHED_PREFILL_POINTS)),
-            "prefill_lengths": thinned(profile["prefill_lengths"], CHECK_PREFILL_LENGTHS, [profile["reference_prefill"]]),
-            "decode_batches": thinned(profile["decode_batches"], CHECK_DECODE_BATCHES, [batch]),
-            "decode_contexts": thinned(profile["decode_contexts"], CHECK_DECODE_CONTEXTS, [context])}
+            "prefill_lengths": thinned(profile["prefill_lengths"], CHECK_PREFILL_LENGTHS),
+            "decode_batches": thinned(profile["decode_batches"], CHECK_DECODE_BATCHES),
+            "decode_contexts": thinned(profile["decode_contexts"], CHECK_DECODE_CONTEXTS)}

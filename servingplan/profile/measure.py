@@ -41,8 +41,8 @@ deviations of the references' own readings) marks the machine as disturbed then:
 between it and its neighbouring readings are measured again, and their old calls kept in the samples
 but `superseded`. Then a point whose rounds still disagree (fewer than `rounds` of them within the
 floor of their median) gets an extra round. Passes repeat until nothing is left, at most
-MAX_REMEASURE_ROUNDS grid-sizes of measurements in all, so a disturbed minute costs about a minute's
-measurements and the profile always ends. The speed band (speed summary) leaves out disturbed readings
+MAX_REMEASURE_ROUNDS grid-sizes of measurements in all (the settings' remeasure_rounds where given: the
+carry-over check's), so a disturbed minute costs about a minute's measurements and the profile always ends. The speed band (speed summary) leaves out disturbed readings
 that no kept measurement sits next to.
 
 points CSV, one row per grid point:
@@ -491,6 +491,9 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     gc.freeze()
     sample_rows: list[dict] = []
     rounds = settings["rounds"]
+    # the carry-over check's thinned profile asks for a smaller budget (servingplan/profile/grid.py);
+    # the config's profile has no such key
+    budget_rounds = settings.get("remeasure_rounds", MAX_REMEASURE_ROUNDS)
 
     def measure(tasks: list[tuple[int, int]], remeasure_pass: int, bar) -> None:
         """Time each (point_id, round) of `tasks` in order, re-timing the references when due."""
@@ -523,7 +526,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
             measure([(point_id, round_number) for point_id in shuffler.sample(range(len(grid)), len(grid))], 0, bar)
         tracer.record()
         plan, passes = remeasure_until_settled(sample_rows, tracer.frame, tracer.record, rounds,
-                                               MAX_REMEASURE_ROUNDS * len(grid), measure_pass,
+                                               budget_rounds * len(grid), measure_pass,
                                                lambda tasks: shuffler.sample(tasks, len(tasks)),
                                                lambda: time.perf_counter() - started)
     gc.unfreeze()
@@ -531,7 +534,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     roofline = machine.peak_roofline(probe_readings)
 
     points, all_samples, trace, brackets = settled_points(sample_rows, tracer.frame(), grid, arch, roofline, rounds)
-    remeasure = remeasure_summary(plan, passes, trace, brackets, rounds, len(grid))
+    remeasure = remeasure_summary(plan, passes, trace, brackets, rounds, len(grid), budget_rounds)
     expected_kv = 2 * model_meta["n_layer"] * model_meta["n_embd"] * FLOAT32_BYTES
     meta = {
         "machine": machine.describe_machine(threads, device),
@@ -582,7 +585,7 @@ def settled_points(sample_rows: list[dict], trace: pd.DataFrame, grid: list[Grid
 
 
 def remeasure_summary(plan: RemeasurePlan, passes: list, trace: pd.DataFrame, brackets: pd.DataFrame,
-                      planned_rounds: int, n_points: int) -> dict:
+                      planned_rounds: int, n_points: int, budget_rounds: int) -> dict:
     """machine.json's `remeasure`: the rule, each reference's noise floor, the disturbed readings, each
     pass (the (point_id, round) measured again and the extra rounds given), totals, and what the budget
     left undone (disturbed measurements kept, points whose rounds still disagree)."""
@@ -592,7 +595,7 @@ def remeasure_summary(plan: RemeasurePlan, passes: list, trace: pd.DataFrame, br
                  f"{NOISE_FLOOR_SIGMAS:g} x {MAD_TO_SIGMA} x the median absolute deviation of its readings' log "
                  f"time (at least {MIN_NOISE_FLOOR:g}); the measurements next to it are measured again; a point "
                  f"gets another round while fewer than {planned_rounds} of its rounds agree within that floor "
-                 f"(at most {MAX_EXTRA_ROUNDS_PER_POINT} extra); at most {MAX_REMEASURE_ROUNDS} x {n_points} "
+                 f"(at most {MAX_EXTRA_ROUNDS_PER_POINT} extra); at most {budget_rounds} x {n_points} "
                  f"measurements in all"),
         "noise_floor": plan.floors,
         "noise_floor_pct": {kind: float(100.0 * (np.exp(floor) - 1.0)) for kind, floor in plan.floors.items()},
@@ -602,7 +605,7 @@ def remeasure_summary(plan: RemeasurePlan, passes: list, trace: pd.DataFrame, br
         "passes": passes,
         "n_remeasured": sum(len(p["remeasured"]) for p in passes),
         "n_extra_rounds": sum(len(p["extra_rounds"]) for p in passes),
-        "budget": MAX_REMEASURE_ROUNDS * n_points,
+        "budget": budget_rounds * n_points,
         "budget_exhausted": bool(plan.disturbed_left or plan.unsettled_left),
         "disturbed_kept": int(brackets["disturbed"].sum()),
         "unsettled_left": [int(point_id) for point_id, _ in plan.unsettled_left],
