@@ -17,7 +17,7 @@ def test_the_default_grid_thins_to_its_ends_and_a_log_spread_between():
     check = grid.check_profile(profile)
     assert check["prefill_lengths"] == [16, 32, 96, 192, 512]
     assert check["decode_batches"] == [1, 2, 4, 8, 16, 32]
-    assert check["decode_contexts"] == [64, 768]
+    assert check["decode_contexts"] == [64, 256, 768]
     assert (check["threads"], check["rounds"], check["repeats"], check["warmup"]) == (1, 2, 3, 0)
     # the references trace the speed and need not be grid points: the prefill one is short
     assert check["reference_prefill"] == 64 and check["reference_decode"] == [4, 256]
