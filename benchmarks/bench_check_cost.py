@@ -33,15 +33,20 @@ from servingplan.profile import grid  # noqa: E402
 
 VARIANTS = ("new", "old")
 MAX_PAIRS = 20
+# the check's grid at 6e598b4, frozen here: values per axis (prompt lengths, decode batches, decode
+# contexts) and rounds
+ISSUE_AXES = (6, 6, 3)
+ISSUE_ROUNDS = 2
 
 
 def issue_settings(profile: dict) -> dict:
     """The check's 1-thread profile settings at 6e598b4, the cost the issue halves."""
     batch, context = profile["reference_decode"]
-    return {**profile, "threads": 1, "rounds": min(int(profile["rounds"]), grid.CHECK_ROUNDS),
-            "prefill_lengths": grid.thinned(profile["prefill_lengths"], 6, [profile["reference_prefill"]]),
-            "decode_batches": grid.thinned(profile["decode_batches"], 6, [batch]),
-            "decode_contexts": grid.thinned(profile["decode_contexts"], 3, [context])}
+    lengths, batches, contexts = ISSUE_AXES
+    return {**profile, "threads": 1, "rounds": min(int(profile["rounds"]), ISSUE_ROUNDS),
+            "prefill_lengths": grid.thinned(profile["prefill_lengths"], lengths, [profile["reference_prefill"]]),
+            "decode_batches": grid.thinned(profile["decode_batches"], batches, [batch]),
+            "decode_contexts": grid.thinned(profile["decode_contexts"], contexts, [context])}
 
 
 def settings_of(variant: str, profile: dict) -> dict:

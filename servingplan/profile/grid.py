@@ -11,11 +11,11 @@ ends of every axis: five prompt lengths (the fit holds one out and fits three un
 rest), six decode batches (the per-batch table) and three decode contexts. Two contexts would identify
 the per-token term, which is linear in the context, but the fit's held-out points are drawn from the
 decode points at random: with two a batch loses both of its points, and in a cold run of c4a5cbb the
-held-out error read 15.7%, 24% at batch 8, whose table entry had no point left. What the check leaves out, since no carried term
-reads it: batched prefill (informative only: the engine prefills one sequence per call, and the fit fits
-no term to it), and of the cached-prefill points all but those of the shortest chunk, whose cached
-depths still span the profile's (the cached-context term is the only one they add to the uncached
-prompts, and one chunk length at every depth identifies it).
+held-out error read 15.7%, 24% at batch 8, whose table entry had no point left. What the check leaves
+out, since no carried term reads it: batched prefill (informative only: the engine prefills one
+sequence per call, and the fit fits no term to it), and of the cached-prefill points all but those of
+the shortest chunk, whose cached depths still span the profile's (the cached-context term is the only
+one they add to the uncached prompts, and one chunk length at every depth identifies it).
 
 Two costs the check sheds that the profile keeps, each measured (docs/benchmarks.md): the untimed
 warm-up call before each point's timed calls (at 1 thread, over 52 (point, round) sets, the median of
@@ -68,7 +68,7 @@ def check_profile(profile: dict) -> dict:
     """The 1-thread check's profile settings: `profile` at 1 thread, over its grid thinned (see the module
     docstring), in at most CHECK_ROUNDS rounds."""
     return {**profile, "threads": 1, "rounds": min(int(profile["rounds"]), CHECK_ROUNDS),
-            "warmup": min(int(profile["warmup"]), CHECK_WARMUP), "remeasure_rounds": CHECK_REMEASURE_ROUNDS,
+            "warmup": CHECK_WARMUP, "remeasure_rounds": CHECK_REMEASURE_ROUNDS,
             "reference_prefill": min(int(profile["reference_prefill"]), CHECK_REFERENCE_PREFILL), "prefill_batches": [],
             "cached_prefill": shortest_chunk_points(profile.get("cached_prefill", CACHED_PREFILL_POINTS)),
             "prefill_lengths": thinned(profile["prefill_lengths"], CHECK_PREFILL_LENGTHS),

@@ -42,8 +42,8 @@ between it and its neighbouring readings are measured again, and their old calls
 but `superseded`. Then a point whose rounds still disagree (fewer than `rounds` of them within the
 floor of their median) gets an extra round. Passes repeat until nothing is left, at most
 MAX_REMEASURE_ROUNDS grid-sizes of measurements in all (the settings' remeasure_rounds where given: the
-carry-over check's), so a disturbed minute costs about a minute's measurements and the profile always ends. The speed band (speed summary) leaves out disturbed readings
-that no kept measurement sits next to.
+carry-over check's), so a disturbed minute costs about a minute's measurements and the profile always
+ends. The speed band (speed summary) leaves out disturbed readings that no kept measurement sits next to.
 
 points CSV, one row per grid point:
     point_id, kind, batch, prompt_len (new tokens per sequence), cached (tokens of the longest sequence
