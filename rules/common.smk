@@ -5,6 +5,7 @@ import os
 
 from servingplan.config import (HERE, LLAMACPP, PROFILE_SOURCE, carry_over_check_skipped, check_or_exit,
                                 costmodel_source, engine)
+from servingplan.memory import SIM_MEMORY_KEYS
 from servingplan.plan import names as display_names
 # a GPU target that sets no launch_overhead_ms pays the host time per call a GPU check measured (config gpu_check)
 from servingplan.plan.gpu_evidence import with_measured_launch_overhead
@@ -50,10 +51,6 @@ def memory_of(name, keep=None):
 def machine_memory(keep=None):
     """memory_of as a params function of the job's machine wildcard."""
     return lambda wildcards: memory_of(wildcards.machine, keep)
-
-
-# what a simulation's KV pool is sized by: the KV model, and the budget (paged) or the slots' context (slots)
-SIM_MEMORY_KEYS = ("block_size", "budget_gb", "kv_memory", "max_context")
 
 
 def runtime_input(wildcards):

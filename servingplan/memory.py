@@ -16,6 +16,9 @@ import math
 GB = 1e9  # the budget is in decimal gigabytes
 
 KV_MEMORY_MODELS = ("paged", "slots")
+# what a simulation's KV pool is sized by: the KV model, and the budget (paged) or the slots' context (slots);
+# the memory keys the simulation rules pass their jobs (rules/common.smk)
+SIM_MEMORY_KEYS = ("block_size", "budget_gb", "kv_memory", "max_context")
 
 
 def kv_bytes_per_token(n_layer: int, n_embd: int, dtype_bytes: int = 4) -> int:
