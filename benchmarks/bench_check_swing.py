@@ -33,7 +33,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from servingplan.config import HERE, ConfigError, check  # noqa: E402
+from servingplan.config import ConfigError, check  # noqa: E402
 
 MAX_RUNS = 20
 PROFILE_FILES = ("profile.csv", "samples.csv", "machine.json")
@@ -69,18 +69,6 @@ def fitted(path: Path, config: dict, raw: bool = False):
     fit = fit_profile(points, samples, meta, config["fit"]["holdout_fraction"], config["fit"]["mape_goal"],
                       config["seed"])
     return fit.cost_model, meta, fit.report
-
-
-def check_settings(config: dict) -> dict:
-    """What rule carry_over_check passes the check: the sections its capacity cells read."""
-    from servingplan.memory import SIM_MEMORY_KEYS
-    from servingplan.pipeline import config_keys
-    from servingplan.plan.hardware import memory_for
-    from servingplan.seeds import simulation_seeds
-    return {"workload": config_keys(config["workload"]), "slo": config_keys(config["slo"]),
-            "sweep": config_keys(config["sweep"], drop=("chunk_sizes", "rates")),
-            "memory": config_keys(memory_for(config, HERE), keep=SIM_MEMORY_KEYS),
-            "capacity": config_keys(config["capacity"]), "seeds": simulation_seeds(config)}
 
 
 def one_run(path: Path, here: tuple, config: dict, settings: dict) -> dict:
@@ -152,7 +140,8 @@ def main(argv=None) -> int:
         return 2
     cost_here, machine_here, report_here = fitted(two, config)
     print(f"{two}: {machine_here['machine']['threads']} threads, held-out fit {100 * report_here['heldout_mape']:.2f}%")
-    settings = check_settings(config)
+    from servingplan.check.carry_check import settings_of
+    settings = settings_of(config)
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch)

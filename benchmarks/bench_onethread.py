@@ -37,7 +37,6 @@ from servingplan.check import carry_check  # noqa: E402
 from servingplan.config import ConfigError, check
 from servingplan.costmodel import CostModel, load  # noqa: E402
 from servingplan.io import read_json  # noqa: E402
-from servingplan.seeds import simulation_seeds  # noqa: E402
 
 
 def results_dir(path: Path) -> Path:
@@ -87,9 +86,8 @@ def main(argv=None) -> int:
         print(f"bench_onethread: {err}", file=sys.stderr)
         return 2
 
-    settings = {**{key: config[key] for key in ("workload", "slo", "sweep", "memory", "capacity")},
-                "seeds": simulation_seeds(config)}
-    result = carry_check.check(cost_two, machine_two, cost_one, machine_one, config["model"], settings)
+    result = carry_check.check(cost_two, machine_two, cost_one, machine_one, config["model"],
+                               carry_check.settings_of(config))
     here, target = result["roofline_here"], result["roofline_target"]
     print(f"{result['threads_here']} threads: {here['bandwidth_gbs']:.1f} GB/s, {here['gflops']:.1f} GFLOP/s; "
           f"1 thread: {target['bandwidth_gbs']:.1f} GB/s, {target['gflops']:.1f} GFLOP/s; "

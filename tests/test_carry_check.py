@@ -23,8 +23,18 @@ def machine(threads: int, bandwidth_gbs: float, gflops: float) -> dict:
 def settings() -> dict:
     config = small_config()
     config["sweep"].update(policies=["continuous", "static"], caps=[4])
-    return {**{k: config[k] for k in ("workload", "slo", "sweep", "capacity")},
-            "memory": memory_for(config, HERE), "seeds": simulation_seeds(config), "model": config["model"]}
+    return {**carry_check.settings_of(config), "model": config["model"]}
+
+
+def test_settings_of_a_config_is_what_the_rule_passes():
+    """The benchmarks' settings from a whole config: the rule's sections, this machine's KV model set (a
+    memory section without it is refused by the simulation), the sweep's cells kept, its rates left out."""
+    config = small_config()
+    given = carry_check.settings_of(config)
+    assert given["memory"]["kv_memory"] == memory_for(config, HERE)["kv_memory"] == "slots"
+    assert set(given["memory"]) <= {"block_size", "budget_gb", "kv_memory", "max_context"}
+    assert given["sweep"]["policies"] == config["sweep"]["policies"] and "rates" not in given["sweep"]
+    assert given["seeds"] == simulation_seeds(config)
 
 
 # peaks far above what MEASURED's terms reach, so that no carried term meets a floor (none is clamped)

@@ -23,7 +23,10 @@ import numpy as np
 
 from servingplan import architecture
 from servingplan.costmodel import CostModel
+from servingplan.memory import SIM_MEMORY_KEYS
+from servingplan.pipeline import config_keys
 from servingplan.plan import hardware
+from servingplan.seeds import simulation_seeds
 from servingplan.simulate.searches import capacity_cell
 
 GOAL = 0.15
@@ -40,6 +43,16 @@ def _capacities(cost: CostModel, machine: dict, policy: str, cap: int, settings:
     cell = capacity_cell(cost, machine, policy, cap, settings["workload"], settings["slo"], settings["sweep"],
                          settings["memory"], settings["seeds"], settings["capacity"], criteria=CRITERIA)
     return {name: cell[name]["capacity_rps"] for name in CRITERIA}
+
+
+def settings_of(config: dict) -> dict:
+    """The settings `check` reads, from a whole config: the sections rule carry_over_check passes as its
+    params (rules/check.smk), with this machine's KV model in the memory section, for a caller outside the
+    pipeline (the benchmarks)."""
+    return {"workload": config_keys(config["workload"]), "slo": config_keys(config["slo"]),
+            "sweep": config_keys(config["sweep"], drop=("chunk_sizes", "rates")),
+            "memory": config_keys(hardware.memory_for(config, hardware.HERE), keep=SIM_MEMORY_KEYS),
+            "capacity": config_keys(config["capacity"]), "seeds": simulation_seeds(config)}
 
 
 def check(cost_here: CostModel, machine_here: dict, cost_one: CostModel, machine_one: dict, model: dict,
