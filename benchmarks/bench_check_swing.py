@@ -61,13 +61,16 @@ def fitted(path: Path, config: dict, raw: bool = False):
     measured instead of normalised by the speed trace."""
     from servingplan.fit.step_model import fit_profile
     from servingplan.io import read_json
-    points, samples = pd.read_csv(path / "profile.csv"), pd.read_csv(path / "samples.csv")
-    meta = read_json(path / "machine.json")
-    if raw:
-        points = points.assign(median_s=points["raw_median_s"])
-        samples = samples.assign(normalized_s=samples["seconds"])
-    fit = fit_profile(points, samples, meta, config["fit"]["holdout_fraction"], config["fit"]["mape_goal"],
-                      config["seed"])
+    try:
+        points, samples = pd.read_csv(path / "profile.csv"), pd.read_csv(path / "samples.csv")
+        meta = read_json(path / "machine.json")
+        if raw:
+            points = points.assign(median_s=points["raw_median_s"])
+            samples = samples.assign(normalized_s=samples["seconds"])
+        fit = fit_profile(points, samples, meta, config["fit"]["holdout_fraction"], config["fit"]["mape_goal"],
+                          config["seed"])
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"{path}: not a profile the fit reads ({type(error).__name__}: {error})") from None
     return fit.cost_model, meta, fit.report
 
 
@@ -110,6 +113,23 @@ def call_ranges(runs: list[dict]) -> list[str]:
     return lines
 
 
+def measured_runs(two: Path, given: list[Path], args, config: dict) -> list[dict]:
+    """Fit the 2-thread profile, then each 1-thread run (measured now, or `given`) and the check against it,
+    printing each as it comes."""
+    from servingplan.check.carry_check import settings_of
+    cost_here, machine_here, report_here = fitted(two, config)
+    print(f"{two}: {machine_here['machine']['threads']} threads, held-out fit {100 * report_here['heldout_mape']:.2f}%")
+    settings = settings_of(config)
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        out = args.out or Path(scratch)
+        paths = given or (measure_run(args.config, out / f"run.{number + 1}") for number in range(args.runs))
+        for path in paths:
+            runs.append(one_run(path, (cost_here, machine_here), config, settings))
+            print(describe(runs[-1]), flush=True)
+    return runs
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", type=Path, required=True, help="the 2-thread profile's directory")
@@ -138,17 +158,11 @@ def main(argv=None) -> int:
     except (ConfigError, yaml.YAMLError, ValueError) as error:
         print(f"bench_check_swing: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
-    cost_here, machine_here, report_here = fitted(two, config)
-    print(f"{two}: {machine_here['machine']['threads']} threads, held-out fit {100 * report_here['heldout_mape']:.2f}%")
-    from servingplan.check.carry_check import settings_of
-    settings = settings_of(config)
-    runs = []
-    with tempfile.TemporaryDirectory() as scratch:
-        out = args.out or Path(scratch)
-        paths = given or (measure_run(args.config, out / f"run.{number + 1}") for number in range(args.runs))
-        for path in paths:
-            runs.append(one_run(path, (cost_here, machine_here), config, settings))
-            print(describe(runs[-1]), flush=True)
+    try:
+        runs = measured_runs(two, given, args, config)
+    except (ValueError, RuntimeError) as error:
+        print(f"bench_check_swing: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 2
     within = [run["summary"]["within_goal"] for run in runs if run["summary"]]
     if within:
         print(f"\ncells within the goal over {len(within)} runs: {min(within)} to {max(within)} "

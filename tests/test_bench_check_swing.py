@@ -59,6 +59,15 @@ def test_a_profile_missing_its_files_is_refused(tmp_path):
     assert done.returncode == 2 and "--profile" in done.stderr and "samples.csv" in done.stderr
 
 
+def test_a_profile_the_fit_cannot_read_is_one_line(tmp_path):
+    for name in ("profile.csv", "samples.csv", "machine.json"):
+        (tmp_path / name).write_text("")
+    done = run("--profile", tmp_path, "--one-thread", tmp_path, "--config", QUICK)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path) in lines[0] and "not a profile the fit reads" in lines[0]
+
+
 def test_reports_each_run_and_each_call_range(profiles):
     done = run("--profile", profiles["two"], "--one-thread", profiles["one.1"], profiles["one.2"],
                "--config", QUICK, timeout=300)
