@@ -83,17 +83,30 @@ def one_run(path: Path, here: tuple, config: dict, settings: dict) -> dict:
             "spread_pct": meta_one["rounds"]["median_spread_pct"],
             "raw_spread_pct": meta_one["rounds"]["median_raw_spread_pct"],
             "heldout_pct": 100 * report["heldout_mape"], "raw_heldout_pct": 100 * raw_report["heldout_mape"],
-            "summary": result["summary"], "calls": result["calls"], "goal": result["goal"]}
+            "summary": result["summary"], "summary_as_run": result["summary_as_run"], "window": result["window"],
+            "calls": result["calls"], "goal": result["goal"]}
+
+
+def cells(summary: dict | None, goal: float) -> str:
+    return (f"{summary['within_goal']} of {summary['cells']} cells within +-{goal:.0%}, median "
+            f"|error| {summary['median_abs_error']:.1%}, largest {summary['largest_error']:+.1%}"
+            if summary else "no cell compared")
+
+
+def window(correction: dict) -> str:
+    """The window correction: each kind's ratio (1-thread run over the profile's window) and whether applied."""
+    if not correction["read"]:
+        return "no window readings"
+    return ", ".join(f"{kind} x{correction[kind]['ratio']:.3f} (se {correction[kind]['standard_error']:.3f}, "
+                     f"{'applied' if correction[kind]['applied'] != 1.0 else 'not applied'})"
+                     for kind in ("decode", "prefill") if correction[kind]["ratio"] is not None)
 
 
 def describe(run: dict) -> str:
-    summary = run["summary"]
-    cells = (f"{summary['within_goal']} of {summary['cells']} cells within +-{run['goal']:.0%}, median "
-             f"|error| {summary['median_abs_error']:.1%}, largest {summary['largest_error']:+.1%}"
-             if summary else "no cell compared")
     return (f"{run['path']}: speed moved {run['moved_pct']:.1f}%; rounds' spread {run['spread_pct']:.1f}% "
             f"(raw {run['raw_spread_pct']:.1f}%); held-out fit {run['heldout_pct']:.2f}% (raw "
-            f"{run['raw_heldout_pct']:.2f}%); {cells}")
+            f"{run['raw_heldout_pct']:.2f}%); window {window(run['window'])}; "
+            f"{cells(run['summary'], run['goal'])}; as run {cells(run['summary_as_run'], run['goal'])}")
 
 
 def call_ranges(runs: list[dict]) -> list[str]:
@@ -163,10 +176,12 @@ def main(argv=None) -> int:
     except (ValueError, RuntimeError) as error:
         print(f"bench_check_swing: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
-    within = [run["summary"]["within_goal"] for run in runs if run["summary"]]
-    if within:
-        print(f"\ncells within the goal over {len(within)} runs: {min(within)} to {max(within)} "
-              f"(median {statistics.median(within)})")
+    for label, key in (("in the profile's window", "summary"), ("as run", "summary_as_run")):
+        within = [run[key]["within_goal"] for run in runs if run[key]]
+        if within:
+            print(f"\ncells within the goal over {len(within)} runs, {label}: {min(within)} to {max(within)} "
+                  f"(median {statistics.median(within)})", end="")
+    print()
     print("\n".join(call_ranges(runs)))
     return 0
 

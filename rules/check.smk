@@ -2,7 +2,9 @@
 # `carry_over_check: true`, servingplan/check/carry_check.py): this machine profiled again at 1 thread and
 # fitted, then the cost model fitted at the profile's threads carried to it by the same roofline method
 # as every `hardware:` target, and each capacity cell compared with the 1-thread model's. The 1-thread
-# profile measures the machine like the first, so it takes every core and stays local.
+# profile measures the machine like the first, so it takes every core and stays local. It runs minutes after
+# the profile, which reads the check's reference shapes at 1 thread in its own window (rules/profile.smk), and the
+# check brings the 1-thread model to that window where the two disagree beyond their noise.
 from servingplan.profile.grid import check_profile
 
 localrules: profile_one_thread

@@ -11,6 +11,7 @@ from servingplan import architecture, roofline
 from servingplan.check import carry_check
 from servingplan.costmodel import CostModel
 from servingplan.plan.hardware import HERE, memory_for
+from servingplan.profile.grid import ragged_contexts
 from servingplan.seeds import simulation_seeds
 from test_planner import FAST, MACHINE, small_config
 
@@ -134,3 +135,73 @@ def test_time_above_the_floor_is_carried_to_the_1_thread_target_as_it_was():
     result = run_check(MEASURED, machine(1, PEAKS[0] / 2, PEAKS[1] / 2))
     for call in result["calls"]:
         assert 1.0 < call["ratio_assumed"] < 1.01 and 0.0 < call["error"] < 0.01
+
+
+
+REFERENCES = {"threads": 1, "reference_decode": [4, 256], "reference_prefill": 64, "warmup": 0, "repeats": 3}
+
+
+def reference_times(cost: CostModel) -> tuple[float, float]:
+    """`cost`'s time for the check's decode and prefill reference shapes."""
+    batch, context = REFERENCES["reference_decode"]
+    return (cost.decode_time(batch, sum(ragged_contexts(batch, context)), context),
+            cost.prefill_time(REFERENCES["reference_prefill"]))
+
+
+def window_read(decode_s: float, prefill_s: float, sigma: float = 0.01, n: int = 5, **changed) -> dict:
+    """A profile's `check_references`: the check's references read n times in its window."""
+    by_kind = {kind: {"n": n, "median_s": seconds, "log_sigma": sigma}
+               for kind, seconds in (("decode", decode_s), ("prefill", prefill_s))}
+    readings = [{"label": f"before round {k + 1}", "kind": kind, "seconds": by_kind[kind]["median_s"], "t_s": k}
+                for k in range(n) for kind in by_kind]
+    return {**REFERENCES, **changed, "readings": readings, "by_kind": by_kind}
+
+
+def one_thread_run(machine_one: dict) -> dict:
+    return {**machine_one, "settings": dict(REFERENCES)}
+
+
+def test_a_1_thread_model_slower_than_the_window_read_it_is_brought_to_the_profile_s_window():
+    # the 1-thread machine is this machine's model, but its profile ran where every call took 1.5x as long
+    # as the profile's window read the references: as run every capacity reads low and the estimates high;
+    # brought to the profile's window every error is 0 again
+    slow = MEASURED.slowed(1.5, 1.5)
+    here = {**machine(2, *PEAKS), "check_references": window_read(*reference_times(MEASURED))}
+    result = run_check(slow, one_thread_run(machine(1, *PEAKS)), machine_here=here)
+    window = result["window"]
+    assert window["read"] and window["corrected"] and window["readings"] == 5
+    for kind in ("decode", "prefill"):
+        assert window[kind]["ratio"] == pytest.approx(1.5) and window[kind]["applied"] == pytest.approx(1 / 1.5)
+    for row in result["rows"]:
+        assert row["error"] == pytest.approx(0.0, abs=1e-9)
+        assert row["error_as_run"] > carry_check.GOAL
+    assert result["summary"]["within_goal"] == 4 and result["summary_as_run"]["within_goal"] == 0
+    assert all(call["error"] == pytest.approx(0.0, abs=1e-9) for call in result["calls"])
+
+
+def test_a_window_ratio_within_its_noise_leaves_the_model_as_measured():
+    # the model's decode 3% over the window's reading, whose readings spread 10%: within two standard
+    # errors, not applied; its prefill 40% over, readings tight: applied
+    decode_s, prefill_s = reference_times(MEASURED)
+    here = {**machine(2, *PEAKS), "check_references": window_read(decode_s / 1.03, prefill_s / 1.4)}
+    here["check_references"]["by_kind"]["decode"]["log_sigma"] = 0.1
+    window = carry_check.window_correction(here, one_thread_run(machine(1, *PEAKS)), MEASURED)
+    assert window["decode"]["applied"] == 1.0 and window["decode"]["ratio"] == pytest.approx(1.03)
+    assert window["decode"]["standard_error"] == pytest.approx(carry_check.MEDIAN_EFFICIENCY * 0.1 / 5 ** 0.5)
+    assert window["prefill"]["applied"] == pytest.approx(1 / 1.4) and window["corrected"]
+
+
+@pytest.mark.parametrize("changed", [{"threads": 2}, {"reference_prefill": 256}, {"reference_decode": [8, 256]},
+                                     {"warmup": 1}, {"repeats": 2}])
+def test_window_readings_of_another_shape_threads_or_estimator_are_not_compared(changed):
+    here = {**machine(2, *PEAKS), "check_references": window_read(0.01, 0.01, **changed)}
+    window = carry_check.window_correction(here, one_thread_run(machine(1, *PEAKS)), MEASURED)
+    assert not window["read"] and not window["corrected"] and window["readings"] == 0
+    assert window["decode"]["applied"] == window["prefill"]["applied"] == 1.0
+
+
+def test_a_profile_without_window_readings_leaves_the_1_thread_model_as_measured():
+    result = run_check(MEASURED.slowed(1.5, 1.5), machine(1, *PEAKS))
+    assert not result["window"]["read"]
+    assert result["summary"] == result["summary_as_run"]
+    assert all(row["measured_rps"] == row["measured_as_run_rps"] for row in result["rows"])

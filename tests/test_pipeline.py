@@ -109,6 +109,10 @@ def test_the_carry_over_checked_in_the_run_is_quoted_on_the_first_screen_and_tab
     first_screen = md.split("## Summary", 1)[1].split("\n## ", 1)[0]
     quoted = f"put {summary['within_goal']} of {summary['cells']} capacity estimates within ±15%"
     assert "How far the estimated machines can be trusted" in first_screen and quoted in first_screen
+    # the profile read the check's references at 1 thread in its window, and the report says how the model compared
+    window = check["window"]
+    assert window["read"] and window["readings"] == config["profile"]["rounds"] + 1
+    assert "as long as the profile's window did" in first_screen
     assert md.count("| Capacity | Configuration | Measured at 1 thread | Estimated | Error |") == 1
     assert "(../check/carry_over_check.json)" in md  # the table links its data file
     # why: every call compared, and the one missed most named with both ratios

@@ -9,6 +9,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from servingplan import roofline
 from servingplan.profile import machine
+from servingplan.profile import measure as measure_module
 from servingplan.profile.kvpool import KVPool, decode_call, decode_step, prefill_call, prefill_step
 from servingplan.profile.measure import (
     MAX_EXTRA_ROUNDS_PER_POINT, QUICK_PROFILE, build_grid, decode_lengths, normalise, profile_settings, relative_speed, run_profile, speed_summary,
@@ -250,3 +251,41 @@ def test_tiny_model_setting_keeps_the_configured_grid():
     assert not profile.meta["settings"]["quick"] and profile.meta["settings"]["tiny"]
     assert set(zip(profile.points.kind, profile.points.batch, profile.points.prompt_len, profile.points.cached)) == {
         ("prefill", 1, 8, 0), ("prefill_batch", 1, 128, 0), ("prefill_cached", 1, 4, 4), ("decode", 2, 1, 4)}
+
+
+def test_the_check_s_references_are_read_at_its_threads_before_each_round_and_at_the_end(monkeypatch):
+    """With check_references set (the carry-over check on), the profile reads the check's reference shapes
+    at the check's threads in its own window, with the check's estimator, and restores its own threads after
+    each reading: every measurement runs at the profile's threads."""
+    grid = {**QUICK_PROFILE, "threads": 2, "rounds": 2, "prefill_lengths": [8], "prefill_batches": [1],
+            "decode_batches": [2], "decode_contexts": [4], "cached_prefill": [(4, 4)],
+            "check_references": {"threads": 1, "reference_decode": [2, 8], "reference_prefill": 8, "warmup": 0,
+                                 "repeats": 2}}
+    seen = []
+    real = measure_module.time_call
+
+    def recording(call, warmup, repeats, clock_zero):
+        seen.append((torch.get_num_threads(), repeats))
+        return real(call, warmup, repeats, clock_zero)
+
+    monkeypatch.setattr(measure_module, "time_call", recording)
+    profile = run_profile(grid, {"source": "random", "dtype": "float32", "tiny": True}, seed=0, progress=False)
+    window = profile.meta["check_references"]
+    assert [row["label"] for row in window["readings"]] == [
+        "before round 1", "before round 1", "before round 2", "before round 2", "end", "end"]
+    assert {row["kind"] for row in window["readings"]} == {"decode", "prefill"}
+    for kind, values in window["by_kind"].items():
+        seconds = [row["seconds"] for row in window["readings"] if row["kind"] == kind]
+        assert values["n"] == 3 and values["median_s"] == statistics.median(seconds) and values["log_sigma"] >= 0
+    # 6 window readings at 1 thread, of 2 calls each; everything else at the profile's 2 threads
+    assert sum(1 for threads, _ in seen if threads == 1) == 6 and all(r == 2 for t, r in seen if t == 1)
+    assert all(threads in (1, 2) for threads, _ in seen) and torch.get_num_threads() == 2
+    assert profile.meta["settings"]["threads"] == 2
+
+
+def test_a_profile_without_the_check_reads_no_window():
+    grid = {**QUICK_PROFILE, "prefill_lengths": [8], "prefill_batches": [1], "decode_batches": [2],
+            "decode_contexts": [4], "cached_prefill": [(4, 4)]}
+    profile = run_profile(grid, {"source": "random", "dtype": "float32", "tiny": True}, seed=0, progress=False)
+    assert "check_references" not in profile.meta
+    assert all("log_sigma" in values for values in profile.meta["speed"]["by_kind"].values())

@@ -19,6 +19,8 @@ alone need not mean the same thing in both.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from servingplan import architecture
@@ -26,10 +28,17 @@ from servingplan.costmodel import CostModel
 from servingplan.memory import SIM_MEMORY_KEYS
 from servingplan.pipeline import config_keys
 from servingplan.plan import hardware
+from servingplan.profile.grid import ragged_contexts
 from servingplan.seeds import simulation_seeds
 from servingplan.simulate.searches import capacity_cell
 
 GOAL = 0.15
+# a window's ratio is applied when it departs from one by more than this many standard errors; a median's
+# standard error is sqrt(pi / 2) (about 1.25) times the mean's, sigma / sqrt(n)
+WINDOW_SIGMAS = 2.0
+MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)
+# what the profile's window readings and the 1-thread profile's speed trace must share to be compared
+WINDOW_KEYS = ("threads", "reference_decode", "reference_prefill", "warmup", "repeats")
 CRITERIA = ("ttft_slo", "stable")
 # The calls compared (see the module docstring): decode steps at the context of the profile's decode
 # reference, at the batch sizes the capacity cells run, and prefills of a short and the longest prompt.
@@ -64,18 +73,22 @@ def check(cost_here: CostModel, machine_here: dict, cost_one: CostModel, machine
     here = hardware.here_roofline(machine_here)
     target = {**hardware.here_roofline(machine_one), **ONE_THREAD}
     carried, terms = hardware.carry_over(cost_here, architecture.architecture(model), here, target)
-    calls = compare_calls(cost_here, carried, cost_one)
+    window = window_correction(machine_here, machine_one, cost_one)
+    truth = cost_one.slowed(window["decode"]["applied"], window["prefill"]["applied"], name=cost_one.name)
+    calls = compare_calls(cost_here, carried, truth)
     rows = []
     for policy in settings["sweep"]["policies"]:
         for cap in settings["sweep"]["caps"]:
-            measured = _capacities(cost_one, machine_one, policy, int(cap), settings)
+            measured = _capacities(truth, machine_one, policy, int(cap), settings)
             estimated = _capacities(carried, machine_one, policy, int(cap), settings)
+            as_run = measured if truth is cost_one else _capacities(cost_one, machine_one, policy, int(cap), settings)
             for name in CRITERIA:
-                known = bool(measured[name]) and estimated[name] is not None
                 rows.append({"criterion": name, "policy": policy, "cap": int(cap),
                              "measured_rps": measured[name], "estimated_rps": estimated[name],
-                             "error": estimated[name] / measured[name] - 1.0 if known else None})
-    return {"goal": GOAL, "threads_here": int(machine_here["machine"]["threads"]),
+                             "error": _error(estimated[name], measured[name]),
+                             "measured_as_run_rps": as_run[name], "error_as_run": _error(estimated[name], as_run[name])})
+    return {"goal": GOAL, "threads_here": int(machine_here["machine"]["threads"]), "window": window,
+            "summary_as_run": summarize(rows, "error_as_run"),
             "calls": calls, "worst_call": max(calls, key=lambda row: abs(row["error"])),
             "threads_target": int(machine_one["machine"]["threads"]),
             "roofline_here": {k: here[k] for k in ("bandwidth_gbs", "gflops")},
@@ -84,6 +97,45 @@ def check(cost_here: CostModel, machine_here: dict, cost_one: CostModel, machine
             "rows": rows, "summary": summarize(rows),
             # how well the 1-thread model, the truth here, predicts its own held-out points
             "truth_fit": {key: cost_one.meta.get(key) for key in ("heldout_mape", "mape_goal", "goal_met")}}
+
+
+def _error(estimated: float | None, measured: float | None) -> float | None:
+    return estimated / measured - 1.0 if measured and estimated is not None else None
+
+
+def window_correction(machine_here: dict, machine_one: dict, cost_one: CostModel) -> dict:
+    """By how much the 1-thread model runs slower than the machine did at 1 thread in the profile's window,
+    per reference kind, and the factor the model is multiplied by to bring it to that window.
+
+    The profile read the check's reference shapes at 1 thread in its own window (machine.json
+    `check_references`, servingplan.profile.measure.WindowReadings), with the estimator the 1-thread
+    profile times its calls with (WINDOW_KEYS must match). A kind's ratio is the 1-thread model's time
+    for that shape over the window's median reading: the model, not the 1-thread profile's own reference
+    readings, since the model is what the check compares, and those readings can run slow while its
+    calls do not (docs/benchmarks.md). A kind's factor is applied only where its ratio departs from one
+    by more than WINDOW_SIGMAS standard errors of the window's median, so a model that agrees with the
+    window within the readings' noise stands as measured."""
+    readings = machine_here.get("check_references")
+    if readings and any(readings[key] != machine_one["settings"].get(key) for key in WINDOW_KEYS):
+        readings = None
+    result = {"read": bool(readings), "readings": len({row["label"] for row in readings["readings"]}) if readings else 0}
+    model_s = {}
+    if readings:
+        batch, context = readings["reference_decode"]
+        model_s = {"decode": cost_one.decode_time(batch, sum(ragged_contexts(batch, context)), context),
+                   "prefill": cost_one.prefill_time(int(readings["reference_prefill"]))}
+    for kind in ("decode", "prefill"):
+        if kind not in model_s or kind not in readings["by_kind"]:
+            result[kind] = {"ratio": None, "departure": None, "standard_error": None, "applied": 1.0}
+            continue
+        window = readings["by_kind"][kind]
+        ratio = model_s[kind] / window["median_s"]
+        error = MEDIAN_EFFICIENCY * window["log_sigma"] / math.sqrt(window["n"])
+        result[kind] = {"ratio": ratio, "departure": ratio - 1.0, "window_s": window["median_s"],
+                        "model_s": model_s[kind], "standard_error": error,
+                        "applied": 1.0 / ratio if abs(math.log(ratio)) > WINDOW_SIGMAS * error else 1.0}
+    result["corrected"] = any(result[kind]["applied"] != 1.0 for kind in ("decode", "prefill"))
+    return result
 
 
 def call_times(cost: CostModel) -> list[tuple[str, int, float]]:
@@ -107,11 +159,11 @@ def compare_calls(cost_here: CostModel, carried: CostModel, cost_one: CostModel)
     return rows
 
 
-def summarize(rows: list[dict]) -> dict | None:
+def summarize(rows: list[dict], key: str = "error") -> dict | None:
     """Cells compared, how many within the goal, the median and largest |error| (signed: the largest),
     and the direction: pessimistic when every error is negative, optimistic when every one is positive,
-    else mixed. None when no cell has both capacities."""
-    errors = [row["error"] for row in rows if row["error"] is not None]
+    else mixed; of each row's `key`. None when no cell has both capacities."""
+    errors = [row[key] for row in rows if row[key] is not None]
     if not errors:
         return None
     largest = max(errors, key=abs)

@@ -64,12 +64,30 @@ def shortest_chunk_points(points) -> list[list[int]]:
     return [[int(chunk), int(cached)] for chunk, cached in points if int(chunk) == shortest]
 
 
+def ragged_contexts(batch: int, context: int) -> list[int]:
+    """Per-sequence contexts of a profiled decode batch: the longest holds `context` entries and the
+    others are spread evenly down to half of it, so the batch is padded and masked like the engine's
+    ragged batches (its cost depends on the longest: every row is padded to it)."""
+    if batch == 1:
+        return [context]
+    low = max(1, context // 2)
+    return [round(context + (low - context) * i / (batch - 1)) for i in range(batch)]
+
+
+def check_references(profile: dict) -> dict:
+    """The check's reference shapes, threads and estimator: what its 1-thread profile traces its speed
+    with, and what the profile of `profile` reads in its own window for the check to compare
+    (servingplan.profile.measure.WindowReadings)."""
+    return {"threads": 1, "reference_decode": list(profile["reference_decode"]),
+            "reference_prefill": min(int(profile["reference_prefill"]), CHECK_REFERENCE_PREFILL),
+            "warmup": CHECK_WARMUP, "repeats": int(profile["repeats"])}
+
+
 def check_profile(profile: dict) -> dict:
     """The 1-thread check's profile settings: `profile` at 1 thread, over its grid thinned (see the module
     docstring), in at most CHECK_ROUNDS rounds."""
-    return {**profile, "threads": 1, "rounds": min(int(profile["rounds"]), CHECK_ROUNDS),
-            "warmup": CHECK_WARMUP, "remeasure_rounds": CHECK_REMEASURE_ROUNDS,
-            "reference_prefill": min(int(profile["reference_prefill"]), CHECK_REFERENCE_PREFILL), "prefill_batches": [],
+    return {**profile, **check_references(profile), "rounds": min(int(profile["rounds"]), CHECK_ROUNDS),
+            "remeasure_rounds": CHECK_REMEASURE_ROUNDS, "prefill_batches": [],
             "cached_prefill": shortest_chunk_points(profile.get("cached_prefill", CACHED_PREFILL_POINTS)),
             "prefill_lengths": thinned(profile["prefill_lengths"], CHECK_PREFILL_LENGTHS),
             "decode_batches": thinned(profile["decode_batches"], CHECK_DECODE_BATCHES),

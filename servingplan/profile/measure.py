@@ -90,7 +90,7 @@ from servingplan.device import model_device, wait_for
 from servingplan.io import write_csv, write_json
 from servingplan.pipeline import terminal
 from servingplan.profile import machine
-from servingplan.profile.grid import CACHED_PREFILL_POINTS
+from servingplan.profile.grid import CACHED_PREFILL_POINTS, ragged_contexts
 from servingplan.profile.kvpool import KVPool, configure_allocator, decode_step, prefill_call, prefill_step
 from servingplan.profile.model import QUICK_CONFIG_OVERRIDES, RANDOM_SOURCE, load_model
 
@@ -153,12 +153,8 @@ def reference_points(settings: dict) -> dict[str, GridPoint]:
 
 
 def decode_lengths(batch: int, context: int) -> torch.Tensor:
-    """Per-sequence contexts of a profiled decode batch: the longest holds `context` entries and the
-    others are spread down to half of it, so the batch is padded and masked like the engine's ragged
-    batches (its cost depends on the longest: every row is padded to it)."""
-    if batch == 1:
-        return torch.tensor([context])
-    return torch.linspace(context, max(1, context // 2), batch).round().long()
+    """servingplan.profile.grid.ragged_contexts as a tensor."""
+    return torch.tensor(ragged_contexts(batch, context))
 
 
 def pool_for(config, points: list[GridPoint], generator: torch.Generator,
@@ -237,12 +233,14 @@ def normalise(samples: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
 def noise_floors(trace: pd.DataFrame) -> dict[str, float]:
     """Each reference's noise floor, as a departure of log time from its median (see
     NOISE_FLOOR_SIGMAS): 0.3 lets a quiet reading take up to e^0.3 = 1.35 times the median."""
-    floors = {}
-    for kind, rows in trace.groupby("kind"):
-        logs = np.log(rows["seconds"].to_numpy(float))
-        spread = MAD_TO_SIGMA * float(np.median(np.abs(logs - np.median(logs))))
-        floors[str(kind)] = float(max(MIN_NOISE_FLOOR, NOISE_FLOOR_SIGMAS * spread))
-    return floors
+    return {str(kind): float(max(MIN_NOISE_FLOOR, NOISE_FLOOR_SIGMAS * log_sigma(rows["seconds"])))
+            for kind, rows in trace.groupby("kind")}
+
+
+def log_sigma(seconds) -> float:
+    """The robust standard deviation of log time: MAD_TO_SIGMA x the median absolute deviation."""
+    logs = np.log(np.asarray(seconds, float))
+    return float(MAD_TO_SIGMA * np.median(np.abs(logs - np.median(logs))))
 
 
 def mark_disturbed(trace: pd.DataFrame) -> pd.DataFrame:
@@ -368,7 +366,7 @@ def speed_summary(trace: pd.DataFrame) -> dict:
     for kind in sorted(band["kind"].unique()):
         seconds = band.loc[band["kind"] == kind, "seconds"].to_numpy(float)
         median = float(np.median(seconds))
-        kinds[kind] = {"n": int(len(seconds)), "median_s": median,
+        kinds[kind] = {"n": int(len(seconds)), "median_s": median, "log_sigma": log_sigma(seconds),
                        "relative_min": float(seconds.min() / median), "relative_max": float(seconds.max() / median),
                        "moved_pct": float(100.0 * (seconds.max() - seconds.min()) / median)}
     moved = max((k["moved_pct"] for k in kinds.values()), default=0.0)
@@ -447,6 +445,37 @@ class SpeedTracer:
         return pd.DataFrame(self.rows, columns=["t_s", "kind", "seconds", "reading"])
 
 
+class WindowReadings:
+    """The carry-over check's reference shapes read in this profile's window, at the check's threads and
+    with its estimator (`check`: threads, reference_decode, reference_prefill, warmup, repeats;
+    servingplan.profile.grid.check_references): the check's 1-thread profile runs minutes later, when the
+    machine may run tens of percent faster or slower, and the same readings in both windows measure by
+    how much (servingplan.check.carry_check.window_correction). Read before each round and at the end,
+    between measurements, then the profile's own threads are restored."""
+
+    def __init__(self, check: dict, threads: int, model, pool, generator, clock_zero: float):
+        self.check, self.threads, self.clock_zero = check, threads, clock_zero
+        self.calls = {kind: point_call(model, pool, point, generator)
+                      for kind, point in reference_points(check).items()}
+        self.rows: list[dict] = []
+
+    def record(self, label: str) -> None:
+        torch.set_num_threads(int(self.check["threads"]))
+        try:
+            self.rows += [{**row, "label": label} for row in time_references(self.calls, self.check, self.clock_zero)]
+        finally:
+            torch.set_num_threads(self.threads)
+
+    def summary(self) -> dict:
+        """machine.json's `check_references`: the shapes and estimator, every reading, and per kind the
+        readings' median and their robust spread (log_sigma)."""
+        by_kind = {}
+        for kind in sorted({row["kind"] for row in self.rows}):
+            seconds = [row["seconds"] for row in self.rows if row["kind"] == kind]
+            by_kind[kind] = {"n": len(seconds), "median_s": float(np.median(seconds)), "log_sigma": log_sigma(seconds)}
+        return {**self.check, "readings": self.rows, "by_kind": by_kind}
+
+
 def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = False,
                 threads: int | None = None, progress: bool = True) -> Profile:
     """Profile the model of `model_cfg` over the grid of `profile_cfg`; `quick` swaps in QUICK_PROFILE's
@@ -480,10 +509,13 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     references = reference_points(settings)
     generator = torch.Generator().manual_seed(seed)
     shuffler = random.Random(seed)
-    pool = pool_for(model.config, grid + list(references.values()), generator, device)
+    pool = pool_for(model.config, grid + list(references.values())
+                    + list(reference_points(settings.get("check_references") or settings).values()), generator, device)
     calls = [point_call(model, pool, point, generator) for point in grid]
     tracer = SpeedTracer({kind: point_call(model, pool, point, generator) for kind, point in references.items()},
                          settings, started)
+    window = WindowReadings(settings["check_references"], threads, model, pool, generator, started) \
+        if settings.get("check_references") else None
     # Everything alive now (torch, transformers, the model: some 400,000 objects) stays alive for the
     # run: frozen out of the collector, the collection before each point (so no collection lands in a
     # timed call) costs microseconds instead of the 0.2 s of CPU a full sweep of them takes, 264 times.
@@ -521,6 +553,8 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
         for round_number in range(rounds):
             if round_number:
                 probe_readings.append(read_probes(f"before round {round_number + 1}"))
+            if window:
+                window.record(f"before round {round_number + 1}")
             # A shuffled order per round turns slow drifts of the machine into noise spread over the
             # grid instead of a trend along one axis that the fit would mistake for cost.
             measure([(point_id, round_number) for point_id in shuffler.sample(range(len(grid)), len(grid))], 0, bar)
@@ -529,6 +563,8 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
                                                budget_rounds * len(grid), measure_pass,
                                                lambda tasks: shuffler.sample(tasks, len(tasks)),
                                                lambda: time.perf_counter() - started)
+        if window:
+            window.record("end")
     gc.unfreeze()
     probe_readings.append(read_probes("end"))
     roofline = machine.peak_roofline(probe_readings)
@@ -557,6 +593,7 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
         "rounds": {"n": rounds,
                    "median_spread_pct": float(points["spread_pct"].median()),
                    "median_raw_spread_pct": float(points["raw_spread_pct"].median())},
+        **({"check_references": window.summary()} if window else {}),
         "allocator": allocator,
         "load_average": {"start": load_at_start, "end": os.getloadavg()},
         "cpu_share": {"min": float(points["cpu_share"].min()), "median": float(points["cpu_share"].median())},
