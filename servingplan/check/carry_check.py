@@ -74,7 +74,8 @@ def check(cost_here: CostModel, machine_here: dict, cost_one: CostModel, machine
     target = {**hardware.here_roofline(machine_one), **ONE_THREAD}
     carried, terms = hardware.carry_over(cost_here, architecture.architecture(model), here, target)
     window = window_correction(machine_here, machine_one, cost_one)
-    truth = cost_one.slowed(window["decode"]["applied"], window["prefill"]["applied"], name=cost_one.name)
+    truth = (cost_one.slowed(window["decode"]["applied"], window["prefill"]["applied"], name=cost_one.name)
+             if window["corrected"] else cost_one)
     calls = compare_calls(cost_here, carried, truth)
     rows = []
     for policy in settings["sweep"]["policies"]:
@@ -126,12 +127,12 @@ def window_correction(machine_here: dict, machine_one: dict, cost_one: CostModel
                    "prefill": cost_one.prefill_time(int(readings["reference_prefill"]))}
     for kind in ("decode", "prefill"):
         if kind not in model_s or kind not in readings["by_kind"]:
-            result[kind] = {"ratio": None, "departure": None, "standard_error": None, "applied": 1.0}
+            result[kind] = {"ratio": None, "standard_error": None, "applied": 1.0}
             continue
         window = readings["by_kind"][kind]
         ratio = model_s[kind] / window["median_s"]
         error = MEDIAN_EFFICIENCY * window["log_sigma"] / math.sqrt(window["n"])
-        result[kind] = {"ratio": ratio, "departure": ratio - 1.0, "window_s": window["median_s"],
+        result[kind] = {"ratio": ratio, "window_s": window["median_s"],
                         "model_s": model_s[kind], "standard_error": error,
                         "applied": 1.0 / ratio if abs(math.log(ratio)) > WINDOW_SIGMAS * error else 1.0}
     result["corrected"] = any(result[kind]["applied"] != 1.0 for kind in ("decode", "prefill"))

@@ -366,7 +366,7 @@ def speed_summary(trace: pd.DataFrame) -> dict:
     for kind in sorted(band["kind"].unique()):
         seconds = band.loc[band["kind"] == kind, "seconds"].to_numpy(float)
         median = float(np.median(seconds))
-        kinds[kind] = {"n": int(len(seconds)), "median_s": median, "log_sigma": log_sigma(seconds),
+        kinds[kind] = {"n": int(len(seconds)), "median_s": median,
                        "relative_min": float(seconds.min() / median), "relative_max": float(seconds.max() / median),
                        "moved_pct": float(100.0 * (seconds.max() - seconds.min()) / median)}
     moved = max((k["moved_pct"] for k in kinds.values()), default=0.0)
@@ -453,10 +453,8 @@ class WindowReadings:
     how much (servingplan.check.carry_check.window_correction). Read before each round and at the end,
     between measurements, then the profile's own threads are restored."""
 
-    def __init__(self, check: dict, threads: int, model, pool, generator, clock_zero: float):
-        self.check, self.threads, self.clock_zero = check, threads, clock_zero
-        self.calls = {kind: point_call(model, pool, point, generator)
-                      for kind, point in reference_points(check).items()}
+    def __init__(self, check: dict, threads: int, calls: dict, clock_zero: float):
+        self.check, self.threads, self.calls, self.clock_zero = check, threads, calls, clock_zero
         self.rows: list[dict] = []
 
     def record(self, label: str) -> None:
@@ -509,13 +507,14 @@ def run_profile(profile_cfg: dict, model_cfg: dict, seed: int, quick: bool = Fal
     references = reference_points(settings)
     generator = torch.Generator().manual_seed(seed)
     shuffler = random.Random(seed)
-    pool = pool_for(model.config, grid + list(references.values())
-                    + list(reference_points(settings.get("check_references") or settings).values()), generator, device)
+    check_points = reference_points(settings["check_references"]) if settings.get("check_references") else {}
+    pool = pool_for(model.config, grid + list(references.values()) + list(check_points.values()), generator, device)
     calls = [point_call(model, pool, point, generator) for point in grid]
     tracer = SpeedTracer({kind: point_call(model, pool, point, generator) for kind, point in references.items()},
                          settings, started)
-    window = WindowReadings(settings["check_references"], threads, model, pool, generator, started) \
-        if settings.get("check_references") else None
+    window = WindowReadings(settings["check_references"], threads,
+                            {kind: point_call(model, pool, point, generator) for kind, point in check_points.items()},
+                            started) if check_points else None
     # Everything alive now (torch, transformers, the model: some 400,000 objects) stays alive for the
     # run: frozen out of the collector, the collection before each point (so no collection lands in a
     # timed call) costs microseconds instead of the 0.2 s of CPU a full sweep of them takes, 264 times.
