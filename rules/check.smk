@@ -43,6 +43,7 @@ rule profile_one_thread:
 
 
 rule fit_one_thread:
+    priority: LONG_JOBS_FIRST
     input:
         points=rules.profile_one_thread.output.points,
         samples=rules.profile_one_thread.output.samples,
@@ -66,6 +67,7 @@ rule fit_one_thread:
 
 
 rule carry_over_check:
+    priority: LONG_JOBS_FIRST
     input:
         costmodel=COSTMODEL,
         machine=rules.profile.output.machine,

@@ -110,7 +110,7 @@ rule serving_memory:
         sweep=config_keys(config["sweep"], keep=("policies", "caps", "chunk_size", "chunk_budget")),
         memory=config_keys(config["memory"], keep=("max_context", "block_size")),
         seed=config["seed"],
-    priority: 10
+    priority: LONG_JOBS_FIRST
     threads: min(ENGINE_THREADS, workflow.cores)
     resources:
         mem_mb=4000,
