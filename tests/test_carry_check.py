@@ -169,7 +169,7 @@ def test_a_1_thread_model_slower_than_the_window_read_it_is_brought_to_the_profi
     here = {**machine(2, *PEAKS), "check_references": window_read(*reference_times(MEASURED))}
     result = run_check(slow, one_thread_run(machine(1, *PEAKS)), machine_here=here)
     window = result["window"]
-    assert window["read"] and window["corrected"] and window["readings"] == 5
+    assert window["read"] and window["corrected"] == ["decode", "prefill"] and window["readings"] == 5
     for kind in ("decode", "prefill"):
         assert window[kind]["ratio"] == pytest.approx(1.5) and window[kind]["applied"] == pytest.approx(1 / 1.5)
     for row in result["rows"]:
@@ -188,7 +188,7 @@ def test_a_window_ratio_within_its_noise_leaves_the_model_as_measured():
     window = carry_check.window_correction(here, one_thread_run(machine(1, *PEAKS)), MEASURED)
     assert window["decode"]["applied"] == 1.0 and window["decode"]["ratio"] == pytest.approx(1.03)
     assert window["decode"]["standard_error"] == pytest.approx(carry_check.MEDIAN_EFFICIENCY * 0.1 / 5 ** 0.5)
-    assert window["prefill"]["applied"] == pytest.approx(1 / 1.4) and window["corrected"]
+    assert window["prefill"]["applied"] == pytest.approx(1 / 1.4) and window["corrected"] == ["prefill"]
 
 
 @pytest.mark.parametrize("changed", [{"threads": 2}, {"reference_prefill": 256}, {"reference_decode": [8, 256]},
@@ -196,7 +196,7 @@ def test_a_window_ratio_within_its_noise_leaves_the_model_as_measured():
 def test_window_readings_of_another_shape_threads_or_estimator_are_not_compared(changed):
     here = {**machine(2, *PEAKS), "check_references": window_read(0.01, 0.01, **changed)}
     window = carry_check.window_correction(here, one_thread_run(machine(1, *PEAKS)), MEASURED)
-    assert not window["read"] and not window["corrected"] and window["readings"] == 0
+    assert not window["read"] and window["corrected"] == [] and window["readings"] == 0
     assert window["decode"]["applied"] == window["prefill"]["applied"] == 1.0
 
 

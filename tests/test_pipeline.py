@@ -113,6 +113,8 @@ def test_the_carry_over_checked_in_the_run_is_quoted_on_the_first_screen_and_tab
     window = check["window"]
     assert window["read"] and window["readings"] == config["profile"]["rounds"] + 1
     assert "as long as the profile's window did" in first_screen
+    said = "by both ratios" if len(window["corrected"]) == 2 else f"within {window['sigmas']:g} standard errors of one"
+    assert said in first_screen
     assert md.count("| Capacity | Configuration | Measured at 1 thread | Estimated | Error |") == 1
     assert "(../check/carry_over_check.json)" in md  # the table links its data file
     # why: every call compared, and the one missed most named with both ratios

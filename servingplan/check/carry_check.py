@@ -135,7 +135,9 @@ def window_correction(machine_here: dict, machine_one: dict, cost_one: CostModel
         result[kind] = {"ratio": ratio, "window_s": window["median_s"],
                         "model_s": model_s[kind], "standard_error": error,
                         "applied": 1.0 / ratio if abs(math.log(ratio)) > WINDOW_SIGMAS * error else 1.0}
-    result["corrected"] = any(result[kind]["applied"] != 1.0 for kind in ("decode", "prefill"))
+    # the kinds whose factor was applied (the report names them), and the rule's threshold it states
+    result["corrected"] = [kind for kind in ("decode", "prefill") if result[kind]["applied"] != 1.0]
+    result["sigmas"] = WINDOW_SIGMAS
     return result
 
 
